@@ -1,0 +1,317 @@
+"""A userspace packet delayer on NFQUEUE, for kernels without netem; standard library only.
+
+iptables hands every matching packet to a netfilter queue; this process holds each one for a
+fixed time and then accepts it. It talks raw nfnetlink (no libnetfilter_queue) and asks for
+metadata only (copy mode META): the packet id is all a delay needs, so no payload crosses into
+userspace. A constant delay means arrival order is release order, so held packets sit in a FIFO
+of ``(due, id)`` and one batch verdict ("accept every id <= N") releases all that are due.
+
+Where the rule goes matters (measured on this lab's host): on OUTPUT a held packet stays charged
+to the sending socket and TCP small queues allow ~2 packets per delay interval (~190 packets/s);
+on the receiver's INPUT the sender never sees it, so TCP runs at full window. With the rule on
+every node's INPUT, a one-way delay of D per packet gives a round trip of about 2*D -- the same
+meaning ``--ms`` has with netem on every node's egress. ``--queue-bypass`` makes the rule accept
+packets while no delayer is bound, so a dead delayer fails open instead of cutting the network.
+
+Run: ``python -m lab.shaping.nfqueue --queue N --delay-ms MS [--duration S] [--pidfile F]``.
+The pidfile is written once the queue is bound (a readiness signal for a detached exec);
+SIGTERM/SIGINT or the end of --duration release every held packet and unbind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import errno
+import logging
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+from collections.abc import Sequence
+
+__all__ = ["Delayer", "delayer_argv", "main", "nfqueue_rules_add", "nfqueue_rules_del"]
+
+log = logging.getLogger(__name__)
+
+NETLINK_NETFILTER = 12
+NFNL_SUBSYS_QUEUE = 3
+NFQNL_MSG_PACKET, NFQNL_MSG_VERDICT, NFQNL_MSG_CONFIG, NFQNL_MSG_VERDICT_BATCH = 0, 1, 2, 3
+_NLM_F_REQUEST, _NLM_F_ACK = 0x1, 0x4
+_NLMSG_ERROR = 2
+_NFQA_CFG_CMD, _NFQA_CFG_PARAMS, _NFQA_CFG_QUEUE_MAXLEN, _NFQA_CFG_MASK, _NFQA_CFG_FLAGS = (
+    1,
+    2,
+    3,
+    4,
+    5,
+)
+_NFQA_CFG_F_GSO = 0x4
+_NFQNL_CFG_CMD_BIND, _NFQNL_CFG_CMD_UNBIND = 1, 2
+_NFQNL_COPY_META = 1
+_NFQA_PACKET_HDR, _NFQA_VERDICT_HDR = 1, 2
+_NF_ACCEPT = 1
+_SOL_NETLINK, _NETLINK_NO_ENOBUFS = 270, 5
+_SO_RCVBUFFORCE = 33
+_NLA_TYPE_MASK = 0x3FFF  # strips NLA_F_NESTED / NLA_F_NET_BYTEORDER
+_MSG_PACKET_TYPE = (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET
+_RULE_COMMENT = "lab-shaping-delay"
+_POLL_S = 0.05  # longest sleep with nothing due: bounds the reaction to a stop signal
+
+
+def _attr(kind: int, data: bytes) -> bytes:
+    pad = -len(data) % 4
+    return struct.pack("=HH", 4 + len(data), kind) + data + b"\0" * pad
+
+
+def _nfq_msg(msg: int, queue: int, attrs: bytes, seq: int, flags: int = _NLM_F_REQUEST) -> bytes:
+    # nlmsghdr is host order; nfgenmsg's res_id (the queue number) is big endian.
+    body = struct.pack("!BBH", socket.AF_UNSPEC, 0, queue) + attrs
+    kind = (NFNL_SUBSYS_QUEUE << 8) | msg
+    return struct.pack("=IHHII", 16 + len(body), kind, flags, seq, 0) + body
+
+
+class Delayer:
+    """One bound NFQUEUE queue that delays every packet by `delay_ms` (FIFO, batch release).
+
+    Use as a context manager: entering binds (raises OSError naming the cause, e.g. EBUSY when
+    another process holds the queue), leaving accepts every held packet and unbinds -- closing
+    the socket without that would make the kernel drop them.
+    """
+
+    def __init__(self, queue: int, delay_ms: float, maxlen: int = 65536, rcvbuf: int = 32 << 20):
+        if not 0 <= queue <= 65535:
+            raise ValueError(f"queue number must be in 0..65535, got {queue!r}")
+        if not delay_ms >= 0:
+            raise ValueError(f"delay must be >= 0 ms, got {delay_ms!r}")
+        self.queue, self.delay_s, self.maxlen, self.rcvbuf = queue, delay_ms / 1e3, maxlen, rcvbuf
+        self.received = self.released = self.max_held = self.overruns = 0
+        self._held: collections.deque[tuple[float, int]] = collections.deque()
+        self._sock: socket.socket | None = None
+        self._seq = 0
+        self._buf = bytearray(1 << 16)
+
+    def __enter__(self) -> Delayer:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+        self._sock = sock
+        try:
+            sock.bind((0, 0))
+            # A large buffer absorbs bursts while we sleep; SO_RCVBUFFORCE passes rmem_max
+            # when we have CAP_NET_ADMIN (we do: we are about to bind a netfilter queue).
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, self.rcvbuf)
+            except OSError:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
+            attrs = (
+                _attr(_NFQA_CFG_CMD, struct.pack("!BxH", _NFQNL_CFG_CMD_BIND, socket.AF_INET))
+                + _attr(_NFQA_CFG_PARAMS, struct.pack("!IB", 0, _NFQNL_COPY_META))
+                + _attr(_NFQA_CFG_QUEUE_MAXLEN, struct.pack("!I", self.maxlen))
+                # GSO: we never touch payloads, so the kernel may queue GRO'd super-packets
+                # whole instead of segmenting them first (fewer messages per byte).
+                + _attr(_NFQA_CFG_MASK, struct.pack("!I", _NFQA_CFG_F_GSO))
+                + _attr(_NFQA_CFG_FLAGS, struct.pack("!I", _NFQA_CFG_F_GSO))
+            )
+            self._request(attrs)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            self._sock = None
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        try:
+            if self._held:
+                self.released += len(self._held)
+                self._verdict(sock, self._held[-1][1])
+                self._held.clear()
+            sock.setblocking(True)
+            sock.send(
+                _nfq_msg(
+                    NFQNL_MSG_CONFIG,
+                    self.queue,
+                    _attr(_NFQA_CFG_CMD, struct.pack("!BxH", _NFQNL_CFG_CMD_UNBIND, 0)),
+                    self._next_seq(),
+                )
+            )
+        finally:
+            sock.close()
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _request(self, attrs: bytes, timeout: float = 5.0) -> None:
+        """Send a config message and wait for its ack; packets arriving meanwhile are held."""
+        assert self._sock is not None
+        seq = self._next_seq()
+        self._sock.send(
+            _nfq_msg(NFQNL_MSG_CONFIG, self.queue, attrs, seq, _NLM_F_REQUEST | _NLM_F_ACK)
+        )
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            self._sock.settimeout(left)
+            n = self._sock.recv_into(self._buf)
+            err = self._parse(n, time.monotonic(), want_ack=seq)
+            if err is not None:
+                if err:
+                    raise OSError(err, f"binding NFQUEUE {self.queue}: {os.strerror(err)}")
+                return
+        raise TimeoutError(f"no answer from nfnetlink binding queue {self.queue} in {timeout} s")
+
+    def _parse(self, n: int, now: float, want_ack: int = -1) -> int | None:
+        """Hold every packet message in buf[:n]; return the errno of the ack for want_ack."""
+        buf, off, due, ack = self._buf, 0, now + self.delay_s, None
+        while off + 16 <= n:
+            length, kind, _flags, seq, _pid = struct.unpack_from("=IHHII", buf, off)
+            if length < 16:
+                break
+            if kind == _MSG_PACKET_TYPE:
+                pos, end = off + 20, off + length  # past nlmsghdr (16) and nfgenmsg (4)
+                while pos + 4 <= end:
+                    alen, akind = struct.unpack_from("=HH", buf, pos)
+                    if alen < 4:
+                        break
+                    if akind & _NLA_TYPE_MASK == _NFQA_PACKET_HDR:
+                        self._held.append((due, struct.unpack_from("!I", buf, pos + 4)[0]))
+                        self.received += 1
+                        break
+                    pos += (alen + 3) & ~3
+            elif kind == _NLMSG_ERROR and seq == want_ack:
+                ack = -struct.unpack_from("=i", buf, off + 16)[0]
+            off += (length + 3) & ~3
+        self.max_held = max(self.max_held, len(self._held))
+        return ack
+
+    def _verdict(self, sock: socket.socket, packet_id: int) -> None:
+        hdr = _attr(_NFQA_VERDICT_HDR, struct.pack("!II", _NF_ACCEPT, packet_id))
+        sock.send(_nfq_msg(NFQNL_MSG_VERDICT_BATCH, self.queue, hdr, 0))
+
+    def run(self, until: float | None = None, stop: list[bool] | None = None) -> None:
+        """Delay packets until monotonic time `until` or until ``stop[0]`` becomes true."""
+        sock = self._sock
+        assert sock is not None, "enter the Delayer before run()"
+        fd, held = sock.fileno(), self._held
+        while not (stop and stop[0]):
+            now = time.monotonic()
+            if until is not None and now >= until:
+                return
+            wait = min(held[0][0] - now, _POLL_S) if held else _POLL_S
+            readable, _, _ = select.select([fd], [], [], max(wait, 0.0))
+            # Drain at most a bounded batch so releases stay on time under a flood.
+            for _ in range(256 if readable else 0):
+                try:
+                    n = sock.recv_into(self._buf)
+                except BlockingIOError:
+                    break
+                except OSError as e:
+                    if e.errno != errno.ENOBUFS:
+                        raise
+                    # The kernel could not queue a message to us; it dropped that packet
+                    # (no fail-open: an undelayed packet would falsify the measurement).
+                    self.overruns += 1
+                    continue
+                self._parse(n, time.monotonic())
+            now, last = time.monotonic(), -1
+            while held and held[0][0] <= now:
+                last = held.popleft()[1]
+                self.released += 1
+            if last >= 0:
+                self._verdict(sock, last)
+
+
+def nfqueue_rules_add(sources: Sequence[str], queue: int, chain: str = "INPUT") -> list[list[str]]:
+    """iptables argvs sending packets from `sources` (addresses or CIDRs) to NFQUEUE `queue`.
+
+    One rule per source, on the receiver's INPUT chain (see the module docstring), never for
+    loopback, with --queue-bypass so packets flow undelayed when no delayer is bound.
+    """
+    if not sources:
+        raise ValueError("sources is empty: give the other nodes' addresses or their subnet")
+    return [["iptables", "-w", "5", "-I", chain, *_rule_spec(src, queue)] for src in sources]
+
+
+def nfqueue_rules_del(sources: Sequence[str], queue: int, chain: str = "INPUT") -> list[list[str]]:
+    """iptables argvs removing exactly the rules `nfqueue_rules_add` made."""
+    return [["iptables", "-w", "5", "-D", chain, *_rule_spec(src, queue)] for src in sources]
+
+
+def _rule_spec(src: str, queue: int) -> list[str]:
+    return ["!", "-i", "lo", "-s", src, "-m", "comment", "--comment", _RULE_COMMENT,
+            "-j", "NFQUEUE", "--queue-num", str(queue), "--queue-bypass"]  # fmt: skip
+
+
+def delayer_argv(
+    queue: int,
+    delay_ms: float,
+    duration_s: float | None = None,
+    pidfile: str | None = None,
+    python: str = "python3",
+) -> list[str]:
+    """argv starting the delayer process (needs `lab` importable, or run this file directly)."""
+    argv = [
+        python,
+        "-m",
+        "lab.shaping.nfqueue",
+        "--queue",
+        str(queue),
+        "--delay-ms",
+        f"{delay_ms:g}",
+    ]
+    if duration_s is not None:
+        argv += ["--duration", f"{duration_s:g}"]
+    if pidfile is not None:
+        argv += ["--pidfile", pidfile]
+    return argv
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m lab.shaping.nfqueue``; prints a ready line and a summary."""
+    p = argparse.ArgumentParser(
+        prog="python -m lab.shaping.nfqueue", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--queue", type=int, default=0, help="NFQUEUE number to bind (default 0)")
+    p.add_argument("--delay-ms", type=float, required=True, help="delay per packet, ms")
+    p.add_argument("--duration", type=float, default=None, help="stop by itself after S seconds")
+    p.add_argument("--pidfile", default=None, help="write our pid here once the queue is bound")
+    args = p.parse_args(argv)
+    stop = [False]
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        stop[0] = True
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    start = time.monotonic()
+    until = start + args.duration if args.duration is not None else None
+    delayer = Delayer(args.queue, args.delay_ms)
+    try:
+        with delayer:
+            if args.pidfile:
+                with open(args.pidfile + ".tmp", "w") as f:
+                    f.write(f"{os.getpid()}\n")
+                os.replace(args.pidfile + ".tmp", args.pidfile)  # readers never see it half-written
+            print(f"nfqueue {args.queue}: delaying {args.delay_ms:g} ms, ready", flush=True)
+            delayer.run(until=until, stop=stop)
+    finally:
+        if args.pidfile:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(args.pidfile)
+    print(
+        f"nfqueue {args.queue}: {delayer.released} packets delayed {args.delay_ms:g} ms  "
+        f"max held {delayer.max_held}  overruns {delayer.overruns}  "
+        f"{time.monotonic() - start:.1f} s",
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
