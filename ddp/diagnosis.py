@@ -1,0 +1,145 @@
+"""Name the rank that stalled a job, from the flight recorder dumps of all ranks.
+
+Collectives are issued in the same order on every rank, so sequence number `s` means the same
+collective everywhere. A collective can complete on a rank only after every rank joined it, so:
+
+- a sequence number completed on *any* rank was reached by all ranks;
+- the stuck collective is the lowest sequence number that some rank started and no rank
+  completed;
+- the missing ranks are those that never started it: either their dump says their last
+  started sequence number is lower, or they left no dump at all (a SIGKILLed or stopped
+  process cannot write one).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddp.flight_recorder import load_dumps
+
+__all__ = ["Diagnosis", "diagnose", "wait_for_dumps"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Diagnosis:
+    """Who never arrived at which collective, and how long the survivors waited for it."""
+
+    missing_ranks: list[int]  # ranks that never arrived at the stuck collective
+    stuck_seq: int | None
+    step: int | None
+    bucket: int | None
+    op: str | None
+    noticed: dict[int, float]  # survivor rank -> seconds from the stuck collective's start to
+    # its failure (or to the dump when no failure was recorded)
+    without_dump: list[int] = field(default_factory=list)  # ranks that wrote no dump
+
+    def summary(self) -> str:
+        """One line, e.g. `rank 2 missing at step 5 (allreduce of bucket 3, seq 41);
+        ranks 0,1,3 noticed after 30.4 s`."""
+        if self.stuck_seq is None:
+            text = "no stuck collective: every recorded collective completed"
+            if self.without_dump:
+                text += f"; no dump from {_ranks(self.without_dump)}"
+            return text
+        where = f"step {self.step}" if self.step is not None and self.step >= 0 else "setup"
+        what = self.op or "collective"
+        if self.bucket is not None:
+            what += f" of bucket {self.bucket}"
+        what += f", seq {self.stuck_seq}"
+        if self.missing_ranks:
+            head = f"{_ranks(self.missing_ranks)} missing at {where} ({what})"
+        else:
+            # Everyone arrived yet nobody finished: the ranks cannot reach each other.
+            head = f"all ranks arrived at {where} ({what}) but it never completed (network?)"
+        if not self.noticed:
+            return head
+        times = sorted(self.noticed.values())
+        lo, hi = f"{times[0]:.1f}", f"{times[-1]:.1f}"
+        span = lo if lo == hi else f"{lo}-{hi}"
+        return f"{head}; {_ranks(sorted(self.noticed))} noticed after {span} s"
+
+
+def _ranks(ranks: list[int]) -> str:
+    word = "rank" if len(ranks) == 1 else "ranks"
+    return f"{word} {','.join(str(r) for r in ranks)}"
+
+
+def diagnose(dumps: dict[int, dict], world_size: int) -> Diagnosis:
+    """Compare the dumps (rank -> dump as written by `FlightRecorder.dump`) of a failed job.
+
+    Works with any subset of ranks: a rank without a dump counts as not having arrived.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    out_of_range = sorted(r for r in dumps if not 0 <= r < world_size)
+    if out_of_range:
+        raise ValueError(f"dumps from ranks {out_of_range} outside world_size {world_size}")
+
+    completed: set[int] = set()
+    pending: dict[int, list[tuple[int, dict]]] = {}  # seq -> [(rank, record)]
+    for rank, dump in dumps.items():
+        for rec in dump["records"]:
+            if rec.get("state") == "completed":
+                completed.add(rec["seq"])
+            else:
+                pending.setdefault(rec["seq"], []).append((rank, rec))
+    without_dump = [r for r in range(world_size) if r not in dumps]
+    stuck = [s for s in pending if s not in completed]
+    if not stuck:
+        return Diagnosis([], None, None, None, None, {}, without_dump)
+
+    seq = min(stuck)
+    arrived = dict(pending[seq])  # rank -> its record of the stuck collective
+    first = arrived[min(arrived)]
+    missing = [
+        r
+        for r in range(world_size)
+        if r not in arrived and (r not in dumps or dumps[r]["last_started_seq"] < seq)
+    ]
+    noticed = {}
+    for rank, rec in sorted(arrived.items()):
+        until = rec["end"] if rec.get("state") == "failed" and rec.get("end") else None
+        noticed[rank] = max(0.0, (until or dumps[rank]["time"]) - rec["start"])
+    return Diagnosis(
+        missing_ranks=missing,
+        stuck_seq=seq,
+        step=first.get("step"),
+        bucket=first.get("bucket"),
+        op=first.get("op"),
+        noticed=noticed,
+        without_dump=without_dump,
+    )
+
+
+def wait_for_dumps(
+    directory: Path,
+    world_size: int,
+    *,
+    grace_s: float,
+    newer_than: float | None = None,
+    poll_s: float = 0.05,
+) -> dict[int, dict]:
+    """Wait up to `grace_s` seconds for all `world_size` dumps, then return what is there.
+
+    A survivor that noticed the failure first must give the slower survivors time to hit
+    their own timeout and dump; ranks that were killed or stopped never will, so the wait
+    is bounded and the diagnosis is made with whatever arrived. Pass `newer_than` (e.g. the
+    run's start time) when the directory may hold dumps of an earlier run.
+    """
+    if grace_s < 0:
+        raise ValueError(f"grace_s must be >= 0, got {grace_s}")
+    deadline = time.monotonic() + grace_s
+    while True:
+        dumps = load_dumps(directory, newer_than=newer_than)
+        if len(dumps) >= world_size or time.monotonic() >= deadline:
+            break
+        time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+    if len(dumps) < world_size:
+        absent = sorted(set(range(world_size)) - set(dumps))
+        log.info("no flight recorder dump from ranks %s after %.1f s", absent, grace_s)
+    return dumps

@@ -1,0 +1,161 @@
+"""Unit tests of the flight recorder ring buffer and its dumps."""
+
+import json
+import threading
+
+import pytest
+
+from ddp.flight_recorder import FlightRecorder, dump_path, load_dumps
+
+
+def test_seq_numbering_and_states():
+    rec = FlightRecorder(rank=1, world_size=4)
+    assert rec.last_started_seq == -1
+    a = rec.start("broadcast", step=-1, nbytes=40)
+    b = rec.start("allreduce", step=0, bucket=3, nbytes=1024)
+    c = rec.start("allreduce", step=0, bucket=2, nbytes=512)
+    assert (a, b, c) == (0, 1, 2)
+    rec.complete(b)  # out-of-order completion is allowed
+    rec.fail(c, "boom")
+    rec.complete(c)  # a late completion callback must not hide the failure
+    recs = rec.records()
+    assert [r.seq for r in recs] == [0, 1, 2]
+    assert [r.state for r in recs] == ["started", "completed", "failed"]
+    assert recs[0].end is None and recs[0].op == "broadcast" and recs[0].step == -1
+    assert recs[1].bucket == 3 and recs[1].nbytes == 1024 and recs[1].end >= recs[1].start
+    assert recs[2].error == "boom"
+    assert rec.last_started_seq == 2
+
+
+def test_capacity_wrap_keeps_newest_in_order():
+    rec = FlightRecorder(rank=0, world_size=2, capacity=4)
+    for i in range(10):
+        seq = rec.start("allreduce", step=i)
+        assert seq == i
+        if i % 2 == 0:
+            rec.complete(seq)
+    recs = rec.records()
+    assert [r.seq for r in recs] == [6, 7, 8, 9]
+    assert [r.step for r in recs] == [6, 7, 8, 9]
+    assert [r.state for r in recs] == ["completed", "started", "completed", "started"]
+    rec.complete(1)  # fell out of the buffer: silently ignored
+    assert [r.seq for r in rec.records()] == [6, 7, 8, 9]
+    with pytest.raises(ValueError, match="never started"):
+        rec.complete(10)
+
+
+def test_records_are_copies():
+    rec = FlightRecorder(rank=0, world_size=1)
+    seq = rec.start("allreduce", step=0)
+    snap = rec.records()
+    rec.complete(seq)
+    assert snap[0].state == "started"
+    assert rec.records()[0].state == "completed"
+
+
+def test_thread_safety_sanity():
+    """Several threads start and complete concurrently: no seq lost or handed out twice."""
+    rec = FlightRecorder(rank=0, world_size=1, capacity=100_000)
+    seqs: list[list[int]] = [[] for _ in range(4)]
+
+    def work(out: list[int]) -> None:
+        for i in range(5000):
+            s = rec.start("allreduce", step=i)
+            out.append(s)
+            rec.complete(s)
+
+    threads = [threading.Thread(target=work, args=(out,)) for out in seqs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+        assert not t.is_alive()
+    every = sorted(s for out in seqs for s in out)
+    assert every == list(range(20_000))
+    recs = rec.records()
+    assert len(recs) == 20_000 and all(r.state == "completed" for r in recs)
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="rank"):
+        FlightRecorder(rank=4, world_size=4)
+    with pytest.raises(ValueError, match="capacity"):
+        FlightRecorder(rank=0, world_size=4, capacity=0)
+    with pytest.raises(ValueError, match="reason"):
+        FlightRecorder(rank=0, world_size=1).dump(tmp_path, "crash")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dump_load_round_trip(tmp_path):
+    recs = []
+    for rank in range(3):
+        rec = FlightRecorder(rank=rank, world_size=3, capacity=8)
+        for i in range(12):
+            s = rec.start("allreduce", step=i // 3, bucket=i % 3, nbytes=100 * i)
+            if i < 11:
+                rec.complete(s)
+        path = rec.dump(tmp_path, "timeout" if rank else "exit")
+        assert path == dump_path(tmp_path, rank) and path.exists()
+        recs.append(rec)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "flight_rank0.json",
+        "flight_rank1.json",
+        "flight_rank2.json",
+    ]  # no temp file left behind
+    dumps = load_dumps(tmp_path)
+    assert sorted(dumps) == [0, 1, 2]
+    d = dumps[1]
+    assert d["rank"] == 1 and d["world_size"] == 3 and d["reason"] == "timeout"
+    assert dumps[0]["reason"] == "exit"
+    assert d["last_started_seq"] == 11 and d["last_completed_seq"] == 10
+    assert isinstance(d["pid"], int) and isinstance(d["time"], float)
+    assert [r["seq"] for r in d["records"]] == list(range(4, 12))
+    assert d["records"][-1]["state"] == "started" and d["records"][-1]["end"] is None
+    assert d["records"][0] == {
+        "seq": 4,
+        "op": "allreduce",
+        "step": 1,
+        "bucket": 1,
+        "nbytes": 400,
+        "start": recs[1].records()[0].start,
+        "end": recs[1].records()[0].end,
+        "state": "completed",
+        "error": None,
+    }
+
+
+def test_dump_overwrites_previous(tmp_path):
+    rec = FlightRecorder(rank=0, world_size=1)
+    rec.start("allreduce", step=0)
+    rec.dump(tmp_path, "error")
+    rec.start("allreduce", step=1)
+    rec.dump(tmp_path, "exit")
+    d = load_dumps(tmp_path)[0]
+    assert d["reason"] == "exit" and d["last_started_seq"] == 1
+
+
+def test_corrupt_dumps_are_skipped(tmp_path, caplog):
+    good = FlightRecorder(rank=0, world_size=4)
+    good.start("allreduce", step=0)
+    good.dump(tmp_path, "timeout")
+    full = dump_path(tmp_path, 0).read_text()
+    dump_path(tmp_path, 1).write_text(full[: len(full) // 2])  # cut short
+    dump_path(tmp_path, 2).write_bytes(b"\xff\xfe\x00garbage")  # not text
+    dump_path(tmp_path, 3).write_text(full)  # claims rank 0 inside a rank-3 file
+    (tmp_path / "flight_rank5.json.tmp").write_text("{")  # someone's temp file: not a dump
+    (tmp_path / "notes.txt").write_text("hello")
+    with caplog.at_level("WARNING"):
+        dumps = load_dumps(tmp_path)
+    assert sorted(dumps) == [0]
+    warned = caplog.text
+    assert "flight_rank1.json" in warned and "flight_rank2.json" in warned
+    assert "flight_rank3.json" in warned
+    assert load_dumps(tmp_path / "does-not-exist") == {}
+
+
+def test_stale_dumps_are_ignored(tmp_path):
+    rec = FlightRecorder(rank=0, world_size=2)
+    rec.dump(tmp_path, "exit")
+    t = json.loads(dump_path(tmp_path, 0).read_text())["time"]
+    assert sorted(load_dumps(tmp_path, newer_than=t - 1)) == [0]
+    assert load_dumps(tmp_path, newer_than=t + 1) == {}
