@@ -1,0 +1,99 @@
+"""The bucket plan: which gradients travel together in one allreduce.
+
+Pure logic, no process group: the plan depends only on the parameters' order, sizes, dtypes and
+devices, so every rank that built the same model computes the same plan without talking. That is
+what lets ranks launch bucket ``k`` without agreeing on it first.
+
+Why buckets: every allreduce pays a latency floor (a few round trips between ranks) no matter how
+small the tensor, so one allreduce per parameter tensor wastes it dozens of times per step. One
+giant allreduce, on the other hand, can only start after the last gradient exists, which leaves
+nothing to overlap with backward. Buckets of a few MB are the middle ground.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["FIRST_BUCKET_CAP_BYTES", "BucketSpec", "plan_buckets"]
+
+# The first bucket to fill (the last layers, whose gradients backward produces first) is kept
+# small so its allreduce can start early and hide behind the rest of backward; torch's reducer
+# makes the same choice.
+FIRST_BUCKET_CAP_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class BucketSpec:
+    """One bucket: indices into the parameter list, in the order they are laid out in the flat
+    buffer, plus the dtype and device all of them share."""
+
+    indices: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    numel: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+
+
+def plan_buckets(
+    params: Sequence[torch.Tensor],
+    cap_bytes: int,
+    first_cap_bytes: int | None = FIRST_BUCKET_CAP_BYTES,
+) -> list[BucketSpec]:
+    """Group ``params`` into buckets of at most ``cap_bytes``, in launch order.
+
+    Parameters are visited in reverse registration order, which approximates the order backward
+    produces their gradients (the last layer's first). Each (dtype, device) pair has its own open
+    bucket, since a flat buffer has one dtype. A bucket closes when the next parameter would push
+    it over the cap; a single parameter larger than the cap gets a bucket of its own.
+    ``cap_bytes == 0`` gives one bucket per parameter tensor (the naive baseline).
+    The first bucket of each (dtype, device) uses ``min(cap_bytes, first_cap_bytes)``.
+
+    Buckets are returned in the order of their first parameter in that reverse walk, which is the
+    order in which they will fill during backward, and the order every rank must launch them in.
+    """
+    if cap_bytes < 0:
+        raise ValueError(f"cap_bytes must be >= 0, got {cap_bytes}")
+    open_: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+    open_bytes: dict[tuple[torch.dtype, torch.device], int] = {}
+    closed_count: dict[tuple[torch.dtype, torch.device], int] = {}
+    # (position of the bucket's first parameter in the reverse walk, indices)
+    done: list[tuple[int, list[int]]] = []
+    first_pos: dict[tuple[torch.dtype, torch.device], int] = {}
+
+    def close(key: tuple[torch.dtype, torch.device]) -> None:
+        done.append((first_pos[key], open_.pop(key)))
+        open_bytes.pop(key)
+        closed_count[key] = closed_count.get(key, 0) + 1
+
+    for pos, i in enumerate(reversed(range(len(params)))):
+        p = params[i]
+        key = (p.dtype, p.device)
+        size = p.numel() * p.element_size()
+        cap = cap_bytes
+        if first_cap_bytes is not None and closed_count.get(key, 0) == 0:
+            cap = min(cap, first_cap_bytes)
+        if key in open_ and open_bytes[key] + size > cap:
+            close(key)
+        if key not in open_:
+            open_[key], open_bytes[key], first_pos[key] = [], 0, pos
+        open_[key].append(i)
+        open_bytes[key] += size
+    for key in list(open_):
+        close(key)
+
+    done.sort(key=lambda item: item[0])
+    return [
+        BucketSpec(
+            indices=tuple(idx),
+            dtype=params[idx[0]].dtype,
+            device=params[idx[0]].device,
+            numel=sum(params[i].numel() for i in idx),
+        )
+        for _, idx in done
+    ]

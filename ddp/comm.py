@@ -1,0 +1,73 @@
+"""Collective helpers the wrapper needs besides gradient allreduce: coalesced broadcast of
+parameters and buffers, and a cheap check that every rank built the same model."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["broadcast_coalesced", "verify_same_shapes"]
+
+# Broadcasting a model tensor by tensor pays the collective latency floor once per tensor; one
+# flat buffer per dtype pays it once. The chunk cap bounds the temporary memory.
+_BROADCAST_CHUNK_BYTES = 250 * (1 << 20)
+
+
+def _chunks(tensors: Sequence[torch.Tensor], cap_bytes: int) -> list[list[torch.Tensor]]:
+    """Split tensors into same-dtype/device groups of at most ``cap_bytes`` (order kept)."""
+    groups: dict[tuple[torch.dtype, torch.device], list[list[torch.Tensor]]] = {}
+    sizes: dict[tuple[torch.dtype, torch.device], int] = {}
+    for t in tensors:
+        key = (t.dtype, t.device)
+        nbytes = t.numel() * t.element_size()
+        if key not in groups or sizes[key] + nbytes > cap_bytes:
+            groups.setdefault(key, []).append([])
+            sizes[key] = 0
+        groups[key][-1].append(t)
+        sizes[key] += nbytes
+    return [chunk for chunk_list in groups.values() for chunk in chunk_list if chunk]
+
+
+@torch.no_grad()
+def broadcast_coalesced(
+    tensors: Sequence[torch.Tensor],
+    process_group: dist.ProcessGroup | None = None,
+    cap_bytes: int = _BROADCAST_CHUNK_BYTES,
+) -> int:
+    """Overwrite ``tensors`` on every rank with group rank 0's values, one broadcast per
+    dtype/device chunk. Returns the number of broadcasts issued (same on every rank)."""
+    is_src = dist.get_rank(process_group) == 0
+    calls = 0
+    for chunk in _chunks(tensors, cap_bytes):
+        flat = torch.cat([t.detach().reshape(-1) for t in chunk])
+        dist.broadcast(flat, group_src=0, group=process_group)
+        calls += 1
+        if not is_src:
+            for t, piece in zip(chunk, flat.split([t.numel() for t in chunk]), strict=True):
+                t.copy_(piece.view_as(t))
+    return calls
+
+
+def verify_same_shapes(
+    named: Sequence[tuple[str, torch.Tensor]], process_group: dist.ProcessGroup | None = None
+) -> None:
+    """Raise on every rank if the ranks disagree on the parameter/buffer names, shapes or dtypes.
+
+    A mismatch (a different model, a config typo on one node) would otherwise surface as a hang
+    or as garbage gradients. One allreduce of [sig, -sig] with MAX yields max and min at once,
+    so all ranks learn whether they agree and all of them raise together.
+    """
+    text = ";".join(f"{n}:{tuple(t.shape)}:{t.dtype}" for n, t in named)
+    sig = zlib.crc32(text.encode()) + (len(named) << 32)
+    both = torch.tensor([sig, -sig], dtype=torch.int64)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=process_group)
+    lo, hi = -int(both[1]), int(both[0])
+    if lo != hi:
+        raise RuntimeError(
+            f"ranks built different models: rank {dist.get_rank(process_group)} has "
+            f"{len(named)} parameters/buffers with signature {sig:#x}, but the group spans "
+            f"[{lo:#x}, {hi:#x}]. Build the same module (same config and code) on every rank."
+        )

@@ -1,0 +1,81 @@
+"""The demo models. Small enough for 4 CPU ranks on 2 cores, shaped to exercise the wrapper:
+
+- ``mini``: a 3-layer MLP, the parity demo.
+- ``deep``: many parameter tensors, so per-parameter allreduce pays its latency floor often
+  (the bucketing experiment).
+- ``branchy``: an optional layer applied only to the samples that select it; on a small local
+  batch some ranks see no such sample and the layer goes unused there (and sometimes on every
+  rank), which needs ``find_unused_parameters=True``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["MODELS", "BranchyMLP", "DeepMLP", "MiniMLP", "build_model"]
+
+IN_FEATURES = 32
+NUM_CLASSES = 8
+
+
+class MiniMLP(nn.Module):
+    def __init__(self, hidden: int = 64) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(IN_FEATURES, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, NUM_CLASSES),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class DeepMLP(nn.Module):
+    def __init__(self, depth: int = 12, hidden: int = 256) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Linear(IN_FEATURES, hidden), nn.ReLU()]
+        for _ in range(depth - 2):
+            layers += [nn.Linear(hidden, hidden), nn.ReLU()]
+        layers.append(nn.Linear(hidden, NUM_CLASSES))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class BranchyMLP(nn.Module):
+    """Two always-used branches plus a ``rare`` layer for samples whose first feature exceeds
+    ``threshold``. Masking per sample keeps the global-batch reference exact: the rare layer's
+    gradient is the same whether the rare samples are split across ranks or not."""
+
+    def __init__(self, hidden: int = 64, threshold: float = 1.5) -> None:
+        super().__init__()
+        self.threshold = threshold
+        self.left = nn.Linear(IN_FEATURES, hidden)
+        self.right = nn.Linear(IN_FEATURES, hidden)
+        self.rare = nn.Linear(hidden, hidden)
+        self.head = nn.Linear(hidden, NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.left(x)) + torch.tanh(self.right(x))
+        mask = x[:, 0] > self.threshold
+        if bool(mask.any()):
+            h = h.clone()
+            h[mask] = h[mask] + torch.relu(self.rare(h[mask]))
+        return self.head(h)
+
+
+MODELS = {"mini": MiniMLP, "deep": DeepMLP, "branchy": BranchyMLP}
+
+
+def build_model(name: str, seed: int) -> nn.Module:
+    """The same initial weights on every rank (DDP broadcasts them anyway; the single-process
+    reference needs them too)."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
+    torch.manual_seed(seed)
+    return MODELS[name]()

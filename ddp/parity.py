@@ -1,0 +1,175 @@
+"""The parity table and verdict: does DDP equal one process training on the global batch?
+
+Two checks per step. Replicas: every rank's parameter checksum must be bitwise equal (they
+applied the same averaged gradients to the same weights). Reference: rank 0's parameters must be
+within ``tolerance`` of a single process that trained the same model on the concatenation of all
+ranks' batches (averaging order differs, so only float rounding may differ).
+
+Live runs and ``check_logs`` (a collected run, offline) build the same ``StepRow``s and share
+one judge, so the verdict a container printed can be re-derived from its logs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["ParityReport", "StepRow", "check_logs", "table_row_step"]
+
+HEADER = (
+    " step   ref loss   ddp loss     ref checksum     ddp checksum  max|dparam|  replicas"
+    "   step ms   comm ms"
+)
+_ROW = re.compile(r"^\s*(\d+)\s+-?\d+\.\d{6}\s+-?\d+\.\d{6}\s+\S+\s+\S+\s+\S+\s+(same|DIFFER)\b")
+
+
+@dataclass
+class StepRow:
+    step: int
+    loss: float  # mean over ranks of the local losses
+    checksums: list[float]  # per rank, float64 sum of all parameters after the step
+    ref_loss: float | None = None
+    ref_checksum: float | None = None
+    max_param_diff: float | None = None
+    step_ms: float = 0.0
+    comm_ms: float = 0.0
+
+    @property
+    def replicas_equal(self) -> bool:
+        return len(set(self.checksums)) == 1
+
+    def format(self) -> str:
+        def num(v: float | None, fmt: str, width: int) -> str:
+            return f"{v:{width}{fmt}}" if v is not None else f"{'-':>{width}}"
+
+        return (
+            f"{self.step:5d}  {num(self.ref_loss, '.6f', 9)}  {self.loss:9.6f}  "
+            f"{num(self.ref_checksum, '.6f', 15)}  {self.checksums[0]:15.6f}  "
+            f"{num(self.max_param_diff, '.1e', 11)}  "
+            f"{'same' if self.replicas_equal else 'DIFFER':>8}  {self.step_ms:8.1f}  "
+            f"{self.comm_ms:8.1f}"
+        )
+
+
+def table_row_step(line: str) -> int | None:
+    """The step number if ``line`` is a row of the parity table (e.g. for a progress bar)."""
+    m = _ROW.search(line)
+    return int(m.group(1)) if m else None
+
+
+@dataclass
+class ParityReport:
+    rows: list[StepRow]
+    world_size: int
+    tolerance: float = 1e-5
+    expected_steps: int | None = None
+    problems: list[str] = field(default_factory=list)  # e.g. missing logs
+
+    def _first_failure(self) -> str | None:
+        if self.problems:
+            return "; ".join(self.problems)
+        if not self.rows:
+            return "no training steps were recorded"
+        if self.expected_steps is not None and len(self.rows) < self.expected_steps:
+            return f"only {len(self.rows)} of {self.expected_steps} steps were recorded"
+        for r in self.rows:
+            if len(r.checksums) != self.world_size:
+                return f"step {r.step}: {len(r.checksums)} of {self.world_size} ranks reported"
+            if not r.replicas_equal:
+                return (
+                    f"replicas diverged at step {r.step} (checksums "
+                    f"{min(r.checksums):.6f} .. {max(r.checksums):.6f} differ across ranks)"
+                )
+            diff = r.max_param_diff
+            if diff is not None and not (math.isfinite(diff) and diff <= self.tolerance):
+                return (
+                    f"step {r.step}: parameters differ from the single-process reference by "
+                    f"{diff:.2e} > {self.tolerance:.0e}"
+                )
+        return None
+
+    @property
+    def holds(self) -> bool:
+        return self._first_failure() is None
+
+    @property
+    def verdict(self) -> str:
+        failure = self._first_failure()
+        if failure is not None:
+            return f"parity broken: {failure}"
+        diffs = [r.max_param_diff for r in self.rows if r.max_param_diff is not None]
+        against = (
+            f"max |param diff| vs single process {max(diffs):.1e} <= {self.tolerance:.0e}"
+            if diffs
+            else "no single-process reference was run"
+        )
+        return (
+            f"parity holds: {self.world_size} replicas identical after all {len(self.rows)} "
+            f"steps, {against}"
+        )
+
+    def table(self) -> str:
+        return "\n".join([HEADER, *(r.format() for r in self.rows)])
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    records = []
+    lines = path.read_text().splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            # A rank killed mid-write leaves a torn last line; anything else is corruption.
+            if n == len(lines):
+                break
+            raise ValueError(f"{path}:{n}: not a JSON line ({e})") from e
+    return records
+
+
+def check_logs(log_dir: Path) -> ParityReport:
+    """Re-judge a collected run from its per-rank logs (``rank<R>.jsonl``)."""
+    log_dir = Path(log_dir)
+    files = sorted(log_dir.glob("rank*.jsonl"))
+    if not files:
+        raise FileNotFoundError(
+            f"no rank*.jsonl logs in {log_dir}: pass the run's log directory "
+            "(python -m ddp --log-dir DIR, or runs/<run-id>/ of python -m lab up)"
+        )
+    by_rank = {int(f.stem[4:]): _read_jsonl(f) for f in files}
+    config = next((r for r in by_rank.get(0, []) if r.get("event") == "config"), {})
+    world = int(config.get("world_size", len(by_rank)))
+    problems = [f"no log from rank {r}" for r in range(world) if r not in by_rank]
+    steps: dict[int, dict[int, dict]] = {}
+    for rank, records in by_rank.items():
+        for rec in records:
+            if rec.get("event") == "step":
+                steps.setdefault(rec["step"], {})[rank] = rec
+    rows = []
+    for step in sorted(steps):
+        recs = steps[step]
+        r0 = recs.get(0, {})
+        ranks = sorted(recs)
+        rows.append(
+            StepRow(
+                step=step,
+                loss=sum(recs[r]["loss"] for r in ranks) / len(ranks),
+                checksums=[recs[r]["checksum"] for r in ranks],
+                ref_loss=r0.get("ref_loss"),
+                ref_checksum=r0.get("ref_checksum"),
+                max_param_diff=r0.get("max_param_diff"),
+                step_ms=max(recs[r]["step_ms"] for r in ranks),
+                comm_ms=max(recs[r]["comm_ms"] for r in ranks),
+            )
+        )
+    return ParityReport(
+        rows=rows,
+        world_size=world,
+        tolerance=float(config.get("tolerance", 1e-5)),
+        expected_steps=config.get("steps"),
+        problems=problems,
+    )
