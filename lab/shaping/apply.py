@@ -147,10 +147,10 @@ def shaped(
     report = ShapingReport(choice.shaper, choice.note, ms, rate_mbit)
     serve = [python, "-m", "lab.shaping.probe", "serve", "--port", str(probe_port),
              "--duration", f"{max_seconds:g}"]  # fmt: skip
-    _background(nodes[1], serve, "probe")
-    report.baseline = _ping(nodes[0], nodes[1], probe_port, python, probe_count)
     applied: list[tuple[Node, list[str], list[str]]] = []
     try:
+        _background(nodes[1], serve, "probe")
+        report.baseline = _ping(nodes[0], nodes[1], probe_port, python, probe_count)
         for node in nodes:
             peers = [n.address for n in nodes if n is not node]
             undo: list[str] = []
