@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,22 +29,40 @@ def _child(
     results.put((rank, fn(Rendezvous(rank=rank, world_size=world, init_method=init), *args)))
 
 
-def spawn_ranks(fn: Callable[..., Any], world_size: int, *args: Any) -> dict[int, Any]:
+def spawn_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    rendezvous_dir: str | None = None,
+    timeout_s: float | None = None,
+) -> dict[int, Any]:
     """Run ``fn(rendezvous, *args)`` in ``world_size`` spawned processes; return each rank's
-    result. A fresh rendezvous file per call: gloo's FileStore reuses a stale file and hangs.
-    A rank that raises or dies ends the others (torch's spawn terminates them) and re-raises."""
-    tmp = tempfile.mkdtemp(prefix="ddp-rdzv-")
+    result (``fn`` must be importable by module path, and so must its result be picklable).
+
+    A fresh rendezvous file per call: gloo's FileStore reuses a stale file and hangs. A rank that
+    raises or dies ends the others (torch's spawn terminates them) and its error is re-raised.
+    ``timeout_s`` bounds the whole run: past it every rank is killed and TimeoutError raised.
+    """
+    tmp = tempfile.mkdtemp(prefix="ddp-rdzv-", dir=rendezvous_dir)
+    results = mp.get_context("spawn").SimpleQueue()
+    procs = mp.start_processes(
+        _child,
+        args=(fn, world_size, f"file://{tmp}/rdzv", results, args),
+        nprocs=world_size,
+        join=False,
+        start_method="spawn",
+    )
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
-        results = mp.get_context("spawn").SimpleQueue()
-        mp.start_processes(
-            _child,
-            args=(fn, world_size, f"file://{tmp}/rdzv", results, args),
-            nprocs=world_size,
-            join=True,
-            start_method="spawn",
-        )
+        while not procs.join(timeout=1.0):
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"{world_size} ranks did not finish within {timeout_s:.0f} s")
         return dict(results.get() for _ in range(world_size))
     finally:
+        for p in procs.processes:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=5)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -23,7 +23,10 @@ HEADER = (
     " step   ref loss   ddp loss     ref checksum     ddp checksum  max|dparam|  replicas"
     "   step ms   comm ms"
 )
-_ROW = re.compile(r"^\s*(\d+)\s+-?\d+\.\d{6}\s+-?\d+\.\d{6}\s+\S+\s+\S+\s+\S+\s+(same|DIFFER)\b")
+# A row, possibly behind a prefix such as "[node0/rank0] ": step, 5 numbers, same|DIFFER, 2 times.
+_ROW = re.compile(
+    r"(?:^|\s)(\d+)\s+\S+\s+-?\d+\.\d{6}(?:\s+\S+){3}\s+(?:same|DIFFER)(?:\s+\S+){2}\s*$"
+)
 
 
 @dataclass
