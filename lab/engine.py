@@ -1,0 +1,53 @@
+"""Reaching the Docker engine, and lab's errors: each says what went wrong and what to do."""
+
+from __future__ import annotations
+
+import docker.errors
+import requests.exceptions
+
+from lab.specs import DEFAULT_IMAGE
+
+__all__ = ["ImageMissing", "LabError", "NodeFailed", "RunTimeout", "connect", "require_image"]
+
+_BUILD_HINT = (
+    "build it with `python -m lab image` (pulls from registries) or, with no registry, "
+    "`python -m lab image --offline --base-image lab-base:offline`"
+)
+
+
+class LabError(Exception):
+    """An error for the user: the message says what happened and what to do next."""
+
+
+class ImageMissing(LabError):
+    pass
+
+
+class NodeFailed(LabError):
+    """A rank or node exited before the run finished."""
+
+
+class RunTimeout(LabError):
+    pass
+
+
+def connect(timeout_s: float = 120.0) -> docker.DockerClient:
+    """A client whose API calls time out after ``timeout_s`` (log streams are not limited)."""
+    try:
+        client = docker.from_env(timeout=int(timeout_s))
+        client.ping()
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+        raise LabError(
+            f"cannot reach the Docker engine ({e}); start it (on the lab machines: "
+            "../shared/tools/docker-here.sh) or point DOCKER_HOST at a running one"
+        ) from None
+    return client
+
+
+def require_image(client: docker.DockerClient, image: str = DEFAULT_IMAGE) -> None:
+    """Fail early, before any container exists, if the image was never built."""
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        hint = _BUILD_HINT if image == DEFAULT_IMAGE else _BUILD_HINT + f" and --tag {image}"
+        raise ImageMissing(f"image {image} not found; {hint}") from None

@@ -1,0 +1,181 @@
+"""``python -m lab image``: build the lab image from a registry, or offline from a wheelhouse.
+
+Offline means no network inside the build (``network_mode=none``): wheels for the *image's*
+Python and platform (probed by running the base image) are fetched on the host with
+``pip download`` into ``docker/wheelhouse/`` (git-ignored), and the Dockerfile installs them with
+``--no-index --find-links``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker.errors
+
+from lab.engine import LabError
+
+__all__ = [
+    "REPO_ROOT",
+    "TORCH_CPU_INDEX",
+    "BasePlatform",
+    "build_image",
+    "download_wheels",
+    "pip_download_command",
+    "platform_tags",
+    "probe_base",
+    "requirements",
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+_PROBE = (
+    "import json, platform, sys; "
+    "print(json.dumps({'python': '%d.%d' % sys.version_info[:2], "
+    "'machine': platform.machine(), 'libc': platform.libc_ver()}))"
+)
+
+
+@dataclass(frozen=True)
+class BasePlatform:
+    """What a wheel must match to install in the base image."""
+
+    python: str  # "3.11"
+    machine: str  # "x86_64"
+    glibc: tuple[int, int]  # (2, 36)
+
+
+def probe_base(client: docker.DockerClient, base_image: str) -> BasePlatform:
+    """Run the base image once (no network) and ask its python3 for version and platform."""
+    try:
+        client.images.get(base_image)
+    except docker.errors.ImageNotFound:
+        raise LabError(
+            f"base image {base_image} is not on this machine and an offline build cannot pull "
+            "it; build it (on the lab machines ../shared/tools/docker-here.sh makes "
+            "lab-base:offline) or `docker pull` it where a registry is reachable"
+        ) from None
+    try:
+        out = client.containers.run(
+            base_image, ["python3", "-c", _PROBE], remove=True, network_disabled=True
+        )
+    except docker.errors.ContainerError as e:
+        raise LabError(f"base image {base_image} has no working python3: {e}") from None
+    info = json.loads(out.decode().strip().splitlines()[-1])
+    lib, version = info["libc"]
+    if lib != "glibc":
+        raise LabError(
+            f"base image {base_image} uses {lib or 'an unknown libc'}; the offline "
+            "build needs a glibc (manylinux) image such as Debian or Ubuntu"
+        )
+    major, minor = (int(x) for x in version.split(".")[:2])
+    return BasePlatform(python=info["python"], machine=info["machine"], glibc=(major, minor))
+
+
+def platform_tags(base: BasePlatform) -> list[str]:
+    """manylinux tags the base accepts, newest first (pip does not expand ``--platform``)."""
+    major, minor = base.glibc
+    assert major == 2, base.glibc
+    tags = [f"manylinux_2_{m}_{base.machine}" for m in range(minor, 4, -1)]
+    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+    tags += [f"{name}_{base.machine}" for m, name in legacy.items() if minor >= m]
+    return tags
+
+
+def requirements(root: Path = REPO_ROOT) -> list[str]:
+    """The project's dependencies plus its build backend (the image builds the project)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        raise LabError(
+            "--offline reads pyproject.toml with tomllib: run it with Python 3.11+"
+        ) from None
+    data = tomllib.loads((root / "pyproject.toml").read_text())
+    return [*data["project"]["dependencies"], *data["build-system"]["requires"], "wheel"]
+
+
+def pip_download_command(
+    base: BasePlatform, wheelhouse: Path, reqs: list[str], constraints: Path
+) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--dest",
+        str(wheelhouse),
+        "--only-binary=:all:",
+        "--implementation",
+        "cp",
+        "--python-version",
+        base.python,
+        "-c",
+        str(constraints),
+    ]
+    for tag in platform_tags(base):
+        cmd += ["--platform", tag]
+    return cmd + reqs
+
+
+def download_wheels(
+    base: BasePlatform, wheelhouse: Path, root: Path = REPO_ROOT, timeout_s: float = 1800.0
+) -> list[Path]:
+    """``pip download`` on the host; files already in the wheelhouse are reused."""
+    wheelhouse.mkdir(parents=True, exist_ok=True)
+    cmd = pip_download_command(base, wheelhouse, requirements(root), root / "constraints.txt")
+    try:
+        subprocess.run(cmd, check=True, timeout=timeout_s)
+    except subprocess.CalledProcessError as e:
+        raise LabError(
+            f"pip download failed (exit {e.returncode}); see pip's message above. "
+            "The host must reach a package index or a --find-links directory "
+            "holding wheels for the image's platform"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise LabError(f"pip download took over {timeout_s:g} s; check the host's index") from None
+    wheels = sorted(wheelhouse.glob("*.whl"))
+    torch = [w for w in wheels if w.name.startswith("torch-")]
+    if not any("+cpu" in w.name for w in torch):
+        raise LabError(
+            f"the wheelhouse has no CPU torch wheel ({[w.name for w in torch]}); "
+            f"put the torch CPU wheel in a --find-links directory or {wheelhouse}"
+        )
+    return wheels
+
+
+def build_image(
+    client: docker.DockerClient,
+    tag: str,
+    base_image: str,
+    wheelhouse: Path | None = None,
+    torch_index_url: str = TORCH_CPU_INDEX,
+    root: Path = REPO_ROOT,
+    echo: Callable[[str], None] = print,
+) -> None:
+    """Build ``docker/Dockerfile``; with ``wheelhouse`` (inside ``root``) there is no network."""
+    if not (root / "docker" / "Dockerfile").is_file():
+        raise LabError(f"no docker/Dockerfile under {root}; run lab image from a source checkout")
+    args = {"BASE_IMAGE": base_image, "TORCH_INDEX_URL": torch_index_url}
+    if wheelhouse is not None:
+        args["WHEELHOUSE"] = wheelhouse.resolve().relative_to(root).as_posix()
+    stream = client.api.build(
+        path=str(root),
+        dockerfile="docker/Dockerfile",
+        tag=tag,
+        buildargs=args,
+        rm=True,
+        forcerm=True,
+        decode=True,
+        network_mode="none" if wheelhouse is not None else None,
+    )
+    for chunk in stream:
+        if "stream" in chunk:
+            text = chunk["stream"].rstrip()
+            if text:
+                echo(text)
+        elif "error" in chunk:
+            raise LabError(f"image build failed: {chunk['error'].strip()}")
