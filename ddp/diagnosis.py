@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddp.flight_recorder import load_dumps
+from ddp.flight_recorder import load_dumps, request_dumps
 
 __all__ = ["Diagnosis", "diagnose", "wait_for_dumps"]
 
@@ -37,6 +37,8 @@ class Diagnosis:
     noticed: dict[int, float]  # survivor rank -> seconds from the stuck collective's start to
     # its failure (or to the dump when no failure was recorded)
     without_dump: list[int] = field(default_factory=list)  # ranks that wrote no dump
+    waiting: list[int] = field(default_factory=list)  # ranks still blocked in the stuck
+    # collective when asked to dump (reason "requested"): alive, arrived, not yet failed
 
     def summary(self) -> str:
         """One line, e.g. `rank 2 missing at step 5 (allreduce of bucket 3, seq 41);
@@ -56,12 +58,19 @@ class Diagnosis:
         else:
             # Everyone arrived yet nobody finished: the ranks cannot reach each other.
             head = f"all ranks arrived at {where} ({what}) but it never completed (network?)"
-        if not self.noticed:
-            return head
-        times = sorted(self.noticed.values())
-        lo, hi = f"{times[0]:.1f}", f"{times[-1]:.1f}"
-        span = lo if lo == hi else f"{lo}-{hi}"
-        return f"{head}; {_ranks(sorted(self.noticed))} noticed after {span} s"
+        if self.noticed:
+            times = sorted(self.noticed.values())
+            lo, hi = _secs(times[0]), _secs(times[-1])
+            span = lo if lo == hi else f"{lo}-{hi}"
+            head += f"; {_ranks(sorted(self.noticed))} noticed after {span} s"
+        if self.waiting:
+            head += f"; {_ranks(self.waiting)} still waiting"
+        return head
+
+
+def _secs(s: float) -> str:
+    # A killed peer is noticed in milliseconds: "0.0 s" would read as "not measured".
+    return f"{s:.2f}" if s < 1 else f"{s:.1f}"
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -101,10 +110,14 @@ def diagnose(dumps: dict[int, dict], world_size: int) -> Diagnosis:
         for r in range(world_size)
         if r not in arrived and (r not in dumps or dumps[r]["last_started_seq"] < seq)
     ]
-    noticed = {}
+    noticed, waiting = {}, []
     for rank, rec in sorted(arrived.items()):
-        until = rec["end"] if rec.get("state") == "failed" and rec.get("end") else None
-        noticed[rank] = max(0.0, (until or dumps[rank]["time"]) - rec["start"])
+        if rec.get("state") == "failed" and rec.get("end"):
+            noticed[rank] = max(0.0, rec["end"] - rec["start"])
+        elif dumps[rank].get("reason") == "requested":
+            waiting.append(rank)
+        else:
+            noticed[rank] = max(0.0, dumps[rank]["time"] - rec["start"])
     return Diagnosis(
         missing_ranks=missing,
         stuck_seq=seq,
@@ -113,6 +126,7 @@ def diagnose(dumps: dict[int, dict], world_size: int) -> Diagnosis:
         op=first.get("op"),
         noticed=noticed,
         without_dump=without_dump,
+        waiting=waiting,
     )
 
 
@@ -123,16 +137,24 @@ def wait_for_dumps(
     grace_s: float,
     newer_than: float | None = None,
     poll_s: float = 0.05,
+    request: bool = True,
+    rank: int | None = None,
 ) -> dict[int, dict]:
-    """Wait up to `grace_s` seconds for all `world_size` dumps, then return what is there.
+    """Ask the other ranks to dump, wait up to `grace_s` s for all `world_size` dumps, return them.
 
-    A survivor that noticed the failure first must give the slower survivors time to hit
-    their own timeout and dump; ranks that were killed or stopped never will, so the wait
-    is bounded and the diagnosis is made with whatever arrived. Pass `newer_than` (e.g. the
-    run's start time) when the directory may hold dumps of an earlier run.
+    With `request` (the default) this first calls `request_dumps`, so every rank that is
+    alive and `watch`ing answers within its poll interval, even one still blocked inside the
+    stuck collective; a grace of a second or two then suffices whatever the collective timeout.
+    Ranks that were killed or stopped never answer, so the wait is bounded and the diagnosis
+    is made with whatever arrived. Without watchers, grace_s must exceed the collective
+    timeout, or survivors still blocked would be taken for missing. Pass `newer_than` (e.g.
+    the run's start time) when the directory may hold dumps of an earlier run; `rank` only
+    labels the request.
     """
     if grace_s < 0:
         raise ValueError(f"grace_s must be >= 0, got {grace_s}")
+    if request:
+        request_dumps(directory, rank)
     deadline = time.monotonic() + grace_s
     while True:
         dumps = load_dumps(directory, newer_than=newer_than)

@@ -9,6 +9,14 @@ ranks, and `ddp.diagnosis` compares the dumps to find the ranks that never arriv
 
 `start`/`complete` are called from the backward hot path, so they are O(1), do no I/O and
 take one uncontended lock (completion of async gloo work may be observed from another thread).
+
+Not every survivor notices a dead peer at once: with 4 gloo ranks and rank 2 SIGKILLed, ranks
+1 and 3 get "Connection closed by peer" within ~0.05 s while rank 0, waiting on a live peer,
+blocks until the process group timeout. Treating "no dump yet" as "missing" would then blame
+rank 0. So a rank can `watch` the dump directory from a daemon thread: the first rank that
+notices a failure calls `request_dumps`, and every rank that is still alive (even one blocked
+inside a collective, which releases the GIL) dumps within a poll interval with reason
+"requested". Only killed or stopped ranks stay silent.
 """
 
 from __future__ import annotations
@@ -30,12 +38,14 @@ __all__ = [
     "FlightRecorder",
     "dump_path",
     "load_dumps",
+    "request_dumps",
 ]
 
 log = logging.getLogger(__name__)
 
-DUMP_REASONS = ("timeout", "error", "exit")
+DUMP_REASONS = ("timeout", "error", "exit", "requested")
 _DUMP_RE = re.compile(r"^flight_rank(\d+)\.json$")
+_REQUEST = "dump_request.json"
 _FORMAT = 1
 
 
@@ -80,6 +90,10 @@ class FlightRecorder:
         self._next_seq = 0
         self._last_completed = -1  # highest completed seq (completion may be out of order)
         self._lock = threading.Lock()
+        self._dump_lock = threading.Lock()  # main thread and watcher may dump at once
+        self._final_dump = False  # a timeout/error/exit dump must not be replaced by "requested"
+        self._watch_stop: threading.Event | None = None
+        self._watcher: threading.Thread | None = None
 
     def start(self, op: str, *, step: int, bucket: int | None = None, nbytes: int = 0) -> int:
         """Record that a collective was issued; returns its sequence number."""
@@ -158,22 +172,89 @@ class FlightRecorder:
         """Atomically write `<directory>/flight_rank<R>.json` and return its path.
 
         Readers on other ranks poll the directory, so they must never see a half-written file:
-        write a temp file beside it, fsync, then os.replace.
+        write a temp file beside it, fsync, then os.replace. A "requested" dump is skipped once
+        this rank wrote a timeout/error/exit dump (that one says more).
         """
-        data = self.snapshot(reason)
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         final = dump_path(directory, self.rank)
-        tmp = directory / f".{final.name}.{os.getpid()}.tmp"
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with self._dump_lock:
+            if reason == "requested" and self._final_dump:
+                return final
+            data = self.snapshot(reason)
+            directory.mkdir(parents=True, exist_ok=True)
+            tmp = directory / f".{final.name}.{os.getpid()}.tmp"
+            try:
+                with open(tmp, "w", encoding="utf-8") as f:
+                    json.dump(data, f, indent=1)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, final)
+            finally:
+                tmp.unlink(missing_ok=True)
+            if reason != "requested":
+                self._final_dump = True
         return final
+
+    def watch(self, directory: Path, *, poll_s: float = 0.1) -> None:
+        """Dump (reason "requested") whenever another rank calls `request_dumps(directory)`.
+
+        Runs a daemon thread that stats one file every `poll_s` seconds; requests older than
+        this call (a previous run's file) are ignored. Stop it with `stop_watching`.
+        """
+        if self._watcher is not None:
+            raise RuntimeError(f"rank {self.rank} is already watching a dump directory")
+        if poll_s <= 0:
+            raise ValueError(f"poll_s must be > 0, got {poll_s}")
+        stop = threading.Event()
+        self._watch_stop = stop
+        self._watcher = threading.Thread(
+            target=self._watch_loop,
+            args=(Path(directory), poll_s, stop),
+            name=f"flight-recorder-watch-rank{self.rank}",
+            daemon=True,
+        )
+        self._watcher.start()
+
+    def stop_watching(self, timeout_s: float = 5.0) -> None:
+        """Stop the `watch` thread (no-op if not watching)."""
+        if self._watcher is None:
+            return
+        assert self._watch_stop is not None
+        self._watch_stop.set()
+        self._watcher.join(timeout_s)
+        self._watcher = self._watch_stop = None
+
+    def _watch_loop(self, directory: Path, poll_s: float, stop: threading.Event) -> None:
+        request = directory / _REQUEST
+        # Every request replaces the file, so any change of its mtime is a new request; what
+        # is there already belongs to an earlier run.
+        try:
+            seen = request.stat().st_mtime_ns
+        except OSError:
+            seen = -1
+        while not stop.wait(poll_s):
+            try:
+                mtime = request.stat().st_mtime_ns
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                log.warning("flight recorder watch: cannot stat %s: %s", request, e)
+                continue
+            if mtime != seen:
+                seen = mtime
+                try:
+                    self.dump(directory, "requested")
+                except OSError as e:
+                    log.warning("flight recorder watch: requested dump failed: %s", e)
+
+
+def request_dumps(directory: Path, rank: int | None = None) -> None:
+    """Ask every watching rank (see `FlightRecorder.watch`) to dump its records now."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{_REQUEST}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"by": rank, "time": time.time(), "pid": os.getpid()}))
+    os.replace(tmp, directory / _REQUEST)  # a fresh inode and mtime for every request
 
 
 def _valid_dump(data: Any, rank: int) -> bool:
@@ -184,7 +265,18 @@ def _valid_dump(data: Any, rank: int) -> bool:
         and isinstance(data.get("last_started_seq"), int)
         and isinstance(data.get("time"), (int, float))
         and isinstance(data.get("records"), list)
-        and all(isinstance(r, dict) and isinstance(r.get("seq"), int) for r in data["records"])
+        and all(_valid_record(r) for r in data["records"])
+    )
+
+
+def _valid_record(rec: Any) -> bool:
+    # Exactly what ddp.diagnosis relies on; anything else in a record is informational.
+    return (
+        isinstance(rec, dict)
+        and isinstance(rec.get("seq"), int)
+        and rec.get("state") in ("started", "completed", "failed")
+        and isinstance(rec.get("start"), (int, float))
+        and (rec.get("end") is None or isinstance(rec.get("end"), (int, float)))
     )
 
 

@@ -2,10 +2,11 @@
 
 import json
 import threading
+import time
 
 import pytest
 
-from ddp.flight_recorder import FlightRecorder, dump_path, load_dumps
+from ddp.flight_recorder import FlightRecorder, dump_path, load_dumps, request_dumps
 
 
 def test_seq_numbering_and_states():
@@ -135,13 +136,17 @@ def test_dump_overwrites_previous(tmp_path):
 
 
 def test_corrupt_dumps_are_skipped(tmp_path, caplog):
-    good = FlightRecorder(rank=0, world_size=4)
+    good = FlightRecorder(rank=0, world_size=5)
     good.start("allreduce", step=0)
     good.dump(tmp_path, "timeout")
     full = dump_path(tmp_path, 0).read_text()
     dump_path(tmp_path, 1).write_text(full[: len(full) // 2])  # cut short
     dump_path(tmp_path, 2).write_bytes(b"\xff\xfe\x00garbage")  # not text
     dump_path(tmp_path, 3).write_text(full)  # claims rank 0 inside a rank-3 file
+    bad = json.loads(full)
+    bad["rank"] = 4
+    bad["records"][0]["state"] = "weird"
+    dump_path(tmp_path, 4).write_text(json.dumps(bad))  # valid JSON, record unusable
     (tmp_path / "flight_rank5.json.tmp").write_text("{")  # someone's temp file: not a dump
     (tmp_path / "notes.txt").write_text("hello")
     with caplog.at_level("WARNING"):
@@ -149,7 +154,7 @@ def test_corrupt_dumps_are_skipped(tmp_path, caplog):
     assert sorted(dumps) == [0]
     warned = caplog.text
     assert "flight_rank1.json" in warned and "flight_rank2.json" in warned
-    assert "flight_rank3.json" in warned
+    assert "flight_rank3.json" in warned and "flight_rank4.json" in warned
     assert load_dumps(tmp_path / "does-not-exist") == {}
 
 
@@ -159,3 +164,38 @@ def test_stale_dumps_are_ignored(tmp_path):
     t = json.loads(dump_path(tmp_path, 0).read_text())["time"]
     assert sorted(load_dumps(tmp_path, newer_than=t - 1)) == [0]
     assert load_dumps(tmp_path, newer_than=t + 1) == {}
+
+
+def _wait_for(predicate, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_watcher_dumps_on_request(tmp_path):
+    request_dumps(tmp_path, rank=9)  # left over from an earlier run: must be ignored
+    rec = FlightRecorder(rank=1, world_size=2)
+    rec.start("allreduce", step=3, bucket=0)
+    rec.watch(tmp_path, poll_s=0.01)
+    try:
+        with pytest.raises(RuntimeError, match="already watching"):
+            rec.watch(tmp_path)
+        time.sleep(0.2)
+        assert not dump_path(tmp_path, 1).exists()
+        request_dumps(tmp_path, rank=0)
+        assert _wait_for(lambda: 1 in load_dumps(tmp_path))
+        d = load_dumps(tmp_path)[1]
+        assert d["reason"] == "requested" and d["records"][0]["state"] == "started"
+        # After its own timeout/error/exit dump, a rank answers requests no more: the
+        # final dump says more than a requested one.
+        rec.dump(tmp_path, "timeout")
+        request_dumps(tmp_path, rank=0)
+        time.sleep(0.2)
+        assert load_dumps(tmp_path)[1]["reason"] == "timeout"
+    finally:
+        rec.stop_watching()
+    assert not any(t.name.startswith("flight-recorder-watch") for t in threading.enumerate())
+    rec.stop_watching()  # idempotent
