@@ -11,7 +11,9 @@ from ddp.models import MODELS
 
 __all__ = ["Rendezvous", "TrainConfig"]
 
-SYNC_MODES = ("allreduce", "barrier")
+# allreduce: DDP. barrier: dist.barrier() instead of allreduce (replicas drift: the demo of
+# why). none: no communication at all, the floor that "exposed communication" is measured from.
+SYNC_MODES = ("allreduce", "barrier", "none")
 
 
 @dataclass

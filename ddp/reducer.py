@@ -41,6 +41,8 @@ class _Recorder(Protocol):
 
     def complete(self, seq: int) -> None: ...
 
+    def fail(self, seq: int, error: str) -> None: ...
+
 
 def _is_view_of(grad: torch.Tensor, view: torch.Tensor) -> bool:
     return grad.data_ptr() == view.data_ptr() and grad.shape == view.shape
@@ -105,7 +107,11 @@ class Reducer:
         self._pending = [len(spec.indices) for spec in self._plan]
         self._bucket_ready = [False] * len(self._plan)
         self._next_launch = 0
-        self._works: list[tuple[dist.Work, int | None] | None] = [None] * len(self._plan)
+        self._works: list[dist.Work | None] = [None] * len(self._plan)
+        # perf_counter() stamps of the last synchronised backward, for timelines
+        self._launch_t = [0.0] * len(self._plan)
+        self._done_t = [0.0] * len(self._plan)
+        self._backward_end_t = 0.0
         self._expect_backward = False
         self._callback_queued = False
         self._used_since_sync = [False] * n
@@ -119,6 +125,15 @@ class Reducer:
     @property
     def num_buckets(self) -> int:
         return len(self._plan)
+
+    @property
+    def last_timeline(self) -> dict[str, object]:
+        """perf_counter() stamps of the last synchronised backward: when it ended, and each
+        bucket's (launch, completion) in launch order."""
+        return {
+            "backward_end": self._backward_end_t,
+            "buckets": list(zip(self._launch_t, self._done_t, strict=True)),
+        }
 
     def remove_hooks(self) -> None:
         for h in self._handles:
@@ -213,10 +228,27 @@ class Reducer:
                 seq = self.recorder.start(
                     "allreduce", step=self.step, bucket=b, nbytes=flat.numel() * flat.element_size()
                 )
-            self._works[b] = (dist.all_reduce(flat, group=self._pg, async_op=True), seq)
+            self._launch_t[b] = time.perf_counter()
+            work = dist.all_reduce(flat, group=self._pg, async_op=True)
+            # Runs on gloo's thread when the allreduce really finishes (not when we get
+            # around to waiting), so the timeline shows how much of it hid behind backward.
+            work.get_future().add_done_callback(functools.partial(self._on_done, b, seq))
+            self._works[b] = work
             self._next_launch += 1
 
+    def _on_done(self, b: int, seq: int | None, fut: torch.futures.Future) -> None:
+        self._done_t[b] = time.perf_counter()
+        if seq is None or self.recorder is None:
+            return
+        try:
+            fut.value()
+        except Exception as e:  # the error itself surfaces to the caller through wait()
+            self.recorder.fail(seq, str(e))
+        else:
+            self.recorder.complete(seq)
+
     def _finalize(self) -> None:
+        self._backward_end_t = time.perf_counter()
         self._expect_backward = False
         for i, ready in enumerate(self._ready):
             if not ready:
@@ -228,12 +260,9 @@ class Reducer:
         assert self._next_launch == len(self._plan), "every bucket launched exactly once"
 
         t0 = time.perf_counter()
-        for work_seq in self._works:
-            assert work_seq is not None
-            work, seq = work_seq
+        for work in self._works:
+            assert work is not None
             work.wait()
-            if seq is not None and self.recorder is not None:
-                self.recorder.complete(seq)
         self.last_comm_wait_s = time.perf_counter() - t0
 
         missed = self._missing_counts()

@@ -127,10 +127,11 @@ def _train(cfg: TrainConfig, rank: int, world: int, jlog: _JsonLog) -> bool:
             find_unused_parameters=cfg.model == "branchy",
         )
     else:
-        model = module  # --sync barrier: same loop, no gradient averaging
+        model = module  # --sync barrier / none: same loop, no gradient averaging
     opt = _sgd(module, cfg)
     ref = _Reference(cfg, world, len(x)) if rank == 0 and cfg.reference else None
-    jlog.write(event="config", rank=rank, world_size=world, **cfg.to_dict())
+    buckets = model.num_buckets if isinstance(model, DistributedDataParallel) else 0
+    jlog.write(event="config", rank=rank, world_size=world, num_buckets=buckets, **cfg.to_dict())
     if isinstance(model, DistributedDataParallel):
         log.info(
             f"{world} ranks, model {cfg.model}, {model.num_buckets} buckets "
@@ -138,19 +139,28 @@ def _train(cfg: TrainConfig, rank: int, world: int, jlog: _JsonLog) -> bool:
             f"global batch {cfg.batch_size}"
         )
     else:
-        log.info(f"{world} ranks, model {cfg.model}, sync by dist.barrier() only (no allreduce)")
+        how = "dist.barrier() only" if cfg.sync == "barrier" else "nothing (local SGD)"
+        log.info(f"{world} ranks, model {cfg.model}, sync by {how}, no allreduce")
     log.info(HEADER)
 
     rows = []
     for step in range(1, cfg.steps + 1):
         idx = sampler.indices(step - 1)
-        t0 = time.perf_counter()
+        wall0, t0 = time.time(), time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss_t = F.cross_entropy(model(x[idx]), y[idx])
+        t_bw = time.perf_counter()
         loss_t.backward()
+        timeline: dict[str, object] = {}
+        comm_s = 0.0
         if isinstance(model, DistributedDataParallel):
             comm_s = model.last_comm_wait_s
-        else:
+            tl = model.reducer.last_timeline
+            timeline = {
+                "backward_ms": [(t_bw - t0) * 1e3, (tl["backward_end"] - t0) * 1e3],
+                "buckets_ms": [[(a - t0) * 1e3, (b - t0) * 1e3] for a, b in tl["buckets"]],
+            }
+        elif cfg.sync == "barrier":
             tb = time.perf_counter()
             dist.barrier()
             comm_s = time.perf_counter() - tb
@@ -175,6 +185,8 @@ def _train(cfg: TrainConfig, rank: int, world: int, jlog: _JsonLog) -> bool:
             checksum=checksum,
             step_ms=step_ms,
             comm_ms=comm_s * 1e3,
+            t0=wall0,
+            **timeline,
             **extra,
         )
         if rank == 0:
