@@ -75,6 +75,33 @@ def _exit_code(node: NodeHandle) -> int:
         return -1
 
 
+def _handle(
+    line: str,
+    index: int,
+    outcome: RunOutcome,
+    node_tail: deque,
+    on_line: LineHandler | None,
+    is_verdict: Callable[[str], bool] | None,
+) -> bool:
+    """Record one output line; True if it is rank 0's verdict."""
+    _, rank, text = parse_line(line)
+    if rank is None:
+        node_tail.append(line)
+        if on_line:
+            on_line(index, None, text)
+        return False
+    exited = _EXIT.match(text)
+    if exited:
+        outcome.exits[rank] = int(exited.group(1))
+        if exited.group(2):
+            outcome.usage[rank] = (float(exited.group(2)), float(exited.group(3)))
+        return False
+    outcome.tails.setdefault(rank, deque(maxlen=_TAIL)).append(text)
+    if on_line:
+        on_line(index, rank, text)
+    return rank == 0 and is_verdict is not None and is_verdict(text)
+
+
 def watch(
     nodes: list[NodeHandle],
     timeout_s: float,
@@ -115,30 +142,15 @@ def watch(
             index, line = lines.get(timeout=0.2)
         except queue.Empty:
             continue
-        if line is None:  # stream ended: ranks that never reported died with their container
+        if line is None:
+            # The stream ended: ranks that never reported died with their container.
             code = _exit_code(nodes[index])
             for rank in nodes[index].ranks:
                 outcome.exits.setdefault(rank, code if code != 0 else -1)
-            continue
-        node, rank, text = parse_line(line)
-        if rank is None:
-            node_tail.append(line)
-            if on_line:
-                on_line(index, None, text)
-            continue
-        exited = _EXIT.match(text)
-        if exited:
-            outcome.exits[rank] = int(exited.group(1))
-            if exited.group(2):
-                outcome.usage[rank] = (float(exited.group(2)), float(exited.group(3)))
         else:
-            outcome.tails.setdefault(rank, deque(maxlen=_TAIL)).append(text)
-            if rank == 0 and is_verdict and is_verdict(text):
-                verdict_seen = True
-            if on_line:
-                on_line(index, rank, text)
-        if first_failure is None and any(c != 0 for c in outcome.exits.values()):
-            first_failure = next(r for r, c in outcome.exits.items() if c != 0)
+            verdict_seen |= _handle(line, index, outcome, node_tail, on_line, is_verdict)
+        if first_failure is None:
+            first_failure = next((r for r, c in outcome.exits.items() if c != 0), None)
             failed_at = time.monotonic()
     outcome.seconds = time.monotonic() - start
     finished = len(outcome.exits) == len(ranks) and verdict_seen
