@@ -72,13 +72,19 @@ class Cluster:
     def __exit__(self, *exc: object) -> None:
         self.remove()
 
-    def start(self) -> list[NodeHandle]:
-        """Create network, volume and one container per node, and start them (they wait for go)."""
+    def start(self, command: list[str] | None = None) -> list[NodeHandle]:
+        """Create network, volume and one container per node, and start them (they wait for go).
+
+        ``command`` replaces the node launcher, e.g. a bounded ``sleep`` for callers that
+        ``exec`` their own processes into the nodes (several runs on one set of containers).
+        """
         require_image(self.client, self.image)
         self.client.networks.create(**network_spec(self.run_id))
         self.client.volumes.create(**volume_spec(self.run_id))
         for i in range(self.topology.nodes):
             spec = container_spec(self.run_id, self.topology, i, self.image, self.net_admin)
+            if command is not None:
+                spec["command"] = command
             container = self.client.containers.create(**spec)
             self.nodes.append(NodeHandle(i, self.topology.ranks_of(i), container))
         for node in self.nodes:
