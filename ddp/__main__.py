@@ -4,6 +4,9 @@
     python -m ddp --world-size 4 --steps 20
     python -m ddp --sync barrier            # replicas drift apart: parity broken, exit 1
     python -m ddp train --rank 1 --world-size 4 --init-method file:///shared/rdzv
+
+Exit codes: 0 parity holds, 1 parity broken, 2 bad arguments, 3 another rank died or stalled
+(the message names it: "diagnosis: rank 2 missing at step 5 ...").
     torchrun --nproc-per-node 2 -m ddp train
 """
 
@@ -19,7 +22,7 @@ import torch.multiprocessing as mp
 from ddp.config import SYNC_MODES, Rendezvous, TrainConfig
 from ddp.launch import spawn_local
 from ddp.models import MODELS
-from ddp.train import run_rank, setup_logging
+from ddp.train import PeerFailure, run_rank, setup_logging
 
 __all__ = ["main"]
 
@@ -68,7 +71,29 @@ def _add_training_flags(p: argparse.ArgumentParser) -> None:
         default=d.timeout_s,
         help="collective timeout in seconds (default %(default)s)",
     )
-    p.add_argument("--log-all-ranks", action="store_true", help="every rank prints, prefixed")
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        metavar="K",
+        help="rank 0 writes an atomic checkpoint every K steps (default: never)",
+    )
+    p.add_argument("--checkpoint-dir", help="default: <log-dir>/checkpoints")
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the newest complete checkpoint"
+    )
+    p.add_argument(
+        "--log-all-ranks",
+        action="store_true",
+        help="every rank prints (prefixed), including a line per step",
+    )
+    p.add_argument(
+        "--step-delay-ms",
+        type=float,
+        default=0.0,
+        help="sleep this long in every step, standing in for a bigger model, so "
+        "that progress and fault injection can be watched (default 0)",
+    )
 
 
 def _config(args: argparse.Namespace) -> TrainConfig:
@@ -83,6 +108,10 @@ def _config(args: argparse.Namespace) -> TrainConfig:
         sync=args.sync,
         log_dir=args.log_dir,
         timeout_s=args.timeout,
+        checkpoint_every=args.checkpoint_every,
+        checkpoint_dir=args.checkpoint_dir,
+        resume=args.resume,
+        step_delay_ms=args.step_delay_ms,
     )
 
 
@@ -104,7 +133,11 @@ def _run_one(args: argparse.Namespace, cfg: TrainConfig) -> int:
         else Rendezvous.from_env()
     )
     setup_logging(rdzv.rank, args.log_all_ranks)
-    return 0 if run_rank(cfg, rdzv) else 1
+    try:
+        return 0 if run_rank(cfg, rdzv) else 1
+    except PeerFailure as e:
+        log.error(f"[rank{rdzv.rank}] {e}")
+        return 3
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -136,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = _config(args)
         return runner(args, cfg)
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:
         p.error(str(e))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from ddp.models import MODELS
@@ -33,6 +34,10 @@ class TrainConfig:
     timeout_s: float = 300.0  # collective timeout handed to the process group
     tolerance: float = 1e-5  # max |param diff| vs the single-process reference
     reference: bool = True  # rank 0 also trains the single-process reference
+    checkpoint_every: int = 0  # rank 0 checkpoints every K steps (0: never)
+    checkpoint_dir: str | None = None  # default: <log_dir>/checkpoints
+    resume: bool = False  # start from the newest complete checkpoint
+    step_delay_ms: float = 0.0  # sleep per step: a stand-in for compute, to watch faults
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -46,8 +51,23 @@ class TrainConfig:
             raise ValueError(f"bucket_cap_mb must be >= 0, got {self.bucket_cap_mb}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not self.step_delay_ms >= 0:
+            raise ValueError(f"step_delay_ms must be >= 0, got {self.step_delay_ms}")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        if (self.checkpoint_every or self.resume) and self.checkpoints is None:
+            raise ValueError(
+                "checkpointing and resume need a directory all ranks can read: pass "
+                "--checkpoint-dir DIR (or --log-dir DIR, which implies DIR/checkpoints)"
+            )
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s}")
+
+    @property
+    def checkpoints(self) -> Path | None:
+        if self.checkpoint_dir:
+            return Path(self.checkpoint_dir)
+        return Path(self.log_dir) / "checkpoints" if self.log_dir else None
 
     def local_batch(self, world_size: int) -> int:
         """Per-rank batch. Equal shards are what make the mean of per-rank mean losses equal

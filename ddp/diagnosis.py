@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddp.flight_recorder import load_dumps, request_dumps
+from ddp.flight_recorder import FlightRecorder, load_dumps, request_dumps
 
-__all__ = ["Diagnosis", "diagnose", "wait_for_dumps"]
+__all__ = ["Diagnosis", "PeerFailure", "diagnose", "explain_failure", "wait_for_dumps"]
 
 log = logging.getLogger(__name__)
 
@@ -165,3 +165,39 @@ def wait_for_dumps(
         absent = sorted(set(range(world_size)) - set(dumps))
         log.info("no flight recorder dump from ranks %s after %.1f s", absent, grace_s)
     return dumps
+
+
+class PeerFailure(RuntimeError):
+    """A collective failed because another rank died, stalled or was cut off. The message is
+    the diagnosis (who never arrived, at which step and bucket), not gloo's bare error."""
+
+
+def explain_failure(
+    error: BaseException,
+    recorder: FlightRecorder,
+    directory: Path | None,
+    *,
+    newer_than: float,
+    grace_s: float = 2.0,
+) -> PeerFailure:
+    """Dump this rank's records, gather the others' and turn ``error`` into a diagnosis.
+
+    ``directory`` must be shared by all ranks (the log volume); without one, only this rank's
+    view is known and the message says how to get a full diagnosis.
+    """
+    gloo = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    if directory is None:
+        return PeerFailure(
+            f"diagnosis unavailable: a collective failed ({gloo}); pass --log-dir on a "
+            "filesystem all ranks share so the flight recorders can name the missing rank"
+        )
+    reason = "timeout" if "timed out" in str(error).lower() else "error"
+    recorder.dump(directory, reason)
+    dumps = wait_for_dumps(
+        directory,
+        recorder.world_size,
+        grace_s=grace_s,
+        newer_than=newer_than,
+        rank=recorder.rank,
+    )
+    return PeerFailure(f"diagnosis: {diagnose(dumps, recorder.world_size).summary()} [{gloo}]")

@@ -75,8 +75,9 @@ class DistributedDataParallel(nn.Module):
             start of each training forward, so replicas cannot drift through them.
         gradient_as_bucket_view: make ``.grad`` a view into the flat buckets, saving one
             gradient-sized copy and its memory.
-        flight_recorder: optional recorder that sees every gradient collective (see
-            ``ddp.flight_recorder``); not part of torch's API.
+        flight_recorder: optional ``ddp.flight_recorder.FlightRecorder`` that sees every
+            collective the wrapper issues, so a hang can be traced to the rank that never
+            arrived; not part of torch's API. Set ``.reducer.step`` to label records by step.
     """
 
     def __init__(
@@ -110,14 +111,17 @@ class DistributedDataParallel(nn.Module):
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.require_backward_grad_sync = True
 
+        self.flight_recorder = flight_recorder
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._buffers_to_sync = [b for b in module.buffers()]
-        verify_same_shapes(
-            list(module.named_parameters()) + list(module.named_buffers()), process_group
-        )
+        with self._recorded("verify_shapes", step=-1):
+            verify_same_shapes(
+                list(module.named_parameters()) + list(module.named_buffers()), process_group
+            )
         # Construction is not on the hot path: one coalesced broadcast per dtype makes every
         # replica start from rank 0's weights, frozen parameters included.
-        broadcast_coalesced(list(module.parameters()) + self._buffers_to_sync, process_group)
+        with self._recorded("broadcast", step=-1):
+            broadcast_coalesced(list(module.parameters()) + self._buffers_to_sync, process_group)
 
         params = [p for _, p in named]
         plan = plan_buckets(params, int(bucket_cap_mb * (1 << 20)))
@@ -138,7 +142,8 @@ class DistributedDataParallel(nn.Module):
         # start a collective the other ranks never join.
         sync_buffers = self.broadcast_buffers and self._buffers_to_sync
         if sync_buffers and self.training and torch.is_grad_enabled():
-            broadcast_coalesced(self._buffers_to_sync, self.process_group)
+            with self._recorded("broadcast_buffers", step=self.reducer.step):
+                broadcast_coalesced(self._buffers_to_sync, self.process_group)
         out = self.module(*args, **kwargs)
         if torch.is_grad_enabled() and self.require_backward_grad_sync:
             unused: list[int] = []
@@ -147,6 +152,11 @@ class DistributedDataParallel(nn.Module):
                 unused = [i for p, i in self._param_index.items() if p not in reached]
             self.reducer.prepare_for_backward(unused)
         return out
+
+    def _recorded(self, op: str, step: int) -> contextlib.AbstractContextManager:
+        if self.flight_recorder is None:
+            return contextlib.nullcontext()
+        return self.flight_recorder.record(op, step=step)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

@@ -21,6 +21,7 @@ inside a collective, which releases the GIL) dumps within a poll interval with r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -127,6 +129,19 @@ class FlightRecorder:
                 rec.end = now
                 rec.state = "failed"
                 rec.error = error
+
+    @contextlib.contextmanager
+    def record(
+        self, op: str, *, step: int, bucket: int | None = None, nbytes: int = 0
+    ) -> Iterator[int]:
+        """Record a blocking collective run inside the ``with`` block (failed if it raises)."""
+        seq = self.start(op, step=step, bucket=bucket, nbytes=nbytes)
+        try:
+            yield seq
+        except BaseException as e:
+            self.fail(seq, str(e) or type(e).__name__)
+            raise
+        self.complete(seq)
 
     def _live(self, seq: int) -> CollectiveRecord | None:
         # Caller holds the lock.

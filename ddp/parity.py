@@ -173,6 +173,6 @@ def check_logs(log_dir: Path) -> ParityReport:
         rows=rows,
         world_size=world,
         tolerance=float(config.get("tolerance", 1e-5)),
-        expected_steps=config.get("steps"),
+        expected_steps=config["steps"] - config.get("start_step", 0) if config else None,
         problems=problems,
     )

@@ -22,6 +22,7 @@ rank: leave .grad alone" rule and the error for unused parameters without
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Sequence
@@ -37,6 +38,10 @@ __all__ = ["Reducer"]
 
 
 class _Recorder(Protocol):
+    def record(
+        self, op: str, *, step: int, bucket: int | None = None, nbytes: int = 0
+    ) -> contextlib.AbstractContextManager[int]: ...
+
     def start(self, op: str, *, step: int, bucket: int | None = None, nbytes: int = 0) -> int: ...
 
     def complete(self, seq: int) -> None: ...

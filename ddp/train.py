@@ -10,6 +10,7 @@ up as communication wait on the others.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import sys
@@ -23,13 +24,22 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ddp.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng_state,
+    rng_state,
+    save_checkpoint,
+)
 from ddp.config import Rendezvous, TrainConfig
 from ddp.data import ShardSampler, global_batch, make_dataset
+from ddp.diagnosis import PeerFailure, explain_failure
 from ddp.distributed import DistributedDataParallel
+from ddp.flight_recorder import FlightRecorder
 from ddp.models import build_model
 from ddp.parity import HEADER, ParityReport, StepRow
 
-__all__ = ["run_rank", "setup_logging"]
+__all__ = ["PeerFailure", "run_rank", "setup_logging"]
 
 log = logging.getLogger("ddp")
 
@@ -69,6 +79,15 @@ def _checksum(module: nn.Module) -> float:
 
 
 @torch.no_grad()
+def params_sha256(module: nn.Module) -> str:
+    """Bitwise fingerprint of all parameters (what "resumed == uninterrupted" compares)."""
+    h = hashlib.sha256()
+    for p in module.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+@torch.no_grad()
 def _max_diff(a: nn.Module, b: nn.Module) -> float:
     return max(
         float((p - q).abs().max()) for p, q in zip(a.parameters(), b.parameters(), strict=True)
@@ -97,8 +116,22 @@ class _Reference:
         return loss.item()
 
 
+def _flight_dir(cfg: TrainConfig, rdzv: Rendezvous) -> Path | None:
+    """Where flight-recorder dumps go: somewhere every rank can read. The log directory, or
+    else the directory of a file:// rendezvous (shared by definition)."""
+    if cfg.log_dir:
+        return Path(cfg.log_dir) / "flight"
+    if rdzv.init_method.startswith("file://"):
+        return Path(rdzv.init_method[len("file://") :]).parent / "flight"
+    return None
+
+
 def run_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
-    """Train one rank to the end; returns the parity verdict, which every rank agrees on."""
+    """Train one rank to the end; returns the parity verdict, which every rank agrees on.
+
+    Raises ``PeerFailure`` (with the diagnosis as message) when a collective fails because
+    another rank died, stalled or was cut off.
+    """
     dist.init_process_group(
         "gloo",
         init_method=rdzv.init_method,
@@ -106,35 +139,102 @@ def run_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
         world_size=rdzv.world_size,
         timeout=timedelta(seconds=cfg.timeout_s),
     )
+    started = time.time()
+    recorder = FlightRecorder(rdzv.rank, rdzv.world_size)
+    flight = _flight_dir(cfg, rdzv)
+    if flight is not None:
+        # Answers other ranks' dump requests even while this rank is blocked in a collective.
+        recorder.watch(flight)
     jlog = _JsonLog(cfg.log_dir, rdzv.rank)
     try:
-        return _train(cfg, rdzv.rank, rdzv.world_size, jlog)
+        try:
+            holds = _train(cfg, rdzv.rank, rdzv.world_size, jlog, recorder)
+        except RuntimeError as e:
+            if all(r.state == "completed" for r in recorder.records()):
+                raise  # not a communication failure (e.g. unused parameters): as it is
+            failure = explain_failure(e, recorder, flight, newer_than=started)
+            jlog.write(event="failure", rank=rdzv.rank, message=str(failure))
+            raise failure from e
+        if flight is not None:
+            recorder.dump(flight, "exit")
+        return holds
     finally:
+        recorder.stop_watching()
         jlog.close()
         dist.destroy_process_group()
 
 
-def _train(cfg: TrainConfig, rank: int, world: int, jlog: _JsonLog) -> bool:
+def _resume(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, ref: _Reference | None
+) -> int:
+    """Load the newest complete checkpoint into this rank; returns its step. A half-written or
+    damaged file is never loaded (``latest_checkpoint`` verifies length and hash)."""
+    assert cfg.checkpoints is not None
+    found = latest_checkpoint(cfg.checkpoints)
+    if found is None:
+        raise FileNotFoundError(
+            f"--resume: no complete checkpoint in {cfg.checkpoints}; run with "
+            "--checkpoint-every K first, or drop --resume"
+        )
+    step, path = found
+    state = load_checkpoint(path)
+    module.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    restore_rng_state(state["rng"])
+    if ref is not None and "ref_model" in state:
+        ref.model.load_state_dict(state["ref_model"])
+        ref.opt.load_state_dict(state["ref_optimizer"])
+    log.info(f"resumed from {path} (step {step})")
+    return step
+
+
+def _save(
+    cfg: TrainConfig,
+    step: int,
+    module: nn.Module,
+    opt: torch.optim.Optimizer,
+    ref: _Reference | None,
+) -> None:
+    # Replicas are identical, so rank 0's state is everyone's; the data position is the step.
+    state = {"model": module.state_dict(), "optimizer": opt.state_dict(), "rng": rng_state()}
+    if ref is not None:
+        state |= {"ref_model": ref.model.state_dict(), "ref_optimizer": ref.opt.state_dict()}
+    assert cfg.checkpoints is not None
+    save_checkpoint(cfg.checkpoints, step, state)
+
+
+def _train(
+    cfg: TrainConfig, rank: int, world: int, jlog: _JsonLog, recorder: FlightRecorder
+) -> bool:
     torch.set_num_threads(1)  # ranks share the host's cores; intra-op threads would fight
     x, y = make_dataset(cfg.seed)
     sampler = ShardSampler(len(x), rank, world, cfg.local_batch(world), cfg.seed)
     module = build_model(cfg.model, cfg.seed)
+    opt = _sgd(module, cfg)
+    ref = _Reference(cfg, world, len(x)) if rank == 0 and cfg.reference else None
+    start = _resume(cfg, module, opt, ref) if cfg.resume else 0
     if cfg.sync == "allreduce":
         model: nn.Module = DistributedDataParallel(
             module,
             bucket_cap_mb=cfg.bucket_cap_mb,
             overlap=cfg.overlap,
             find_unused_parameters=cfg.model == "branchy",
+            flight_recorder=recorder,
         )
     else:
         model = module  # --sync barrier / none: same loop, no gradient averaging
-    opt = _sgd(module, cfg)
-    ref = _Reference(cfg, world, len(x)) if rank == 0 and cfg.reference else None
-    buckets = model.num_buckets if isinstance(model, DistributedDataParallel) else 0
-    jlog.write(event="config", rank=rank, world_size=world, num_buckets=buckets, **cfg.to_dict())
-    if isinstance(model, DistributedDataParallel):
+    ddp = model if isinstance(model, DistributedDataParallel) else None
+    jlog.write(
+        event="config",
+        rank=rank,
+        world_size=world,
+        num_buckets=ddp.num_buckets if ddp else 0,
+        start_step=start,
+        **cfg.to_dict(),
+    )
+    if ddp is not None:
         log.info(
-            f"{world} ranks, model {cfg.model}, {model.num_buckets} buckets "
+            f"{world} ranks, model {cfg.model}, {ddp.num_buckets} buckets "
             f"(cap {cfg.bucket_cap_mb} MB), overlap {'on' if cfg.overlap else 'off'}, "
             f"global batch {cfg.batch_size}"
         )
@@ -144,25 +244,30 @@ def _train(cfg: TrainConfig, rank: int, world: int, jlog: _JsonLog) -> bool:
     log.info(HEADER)
 
     rows = []
-    for step in range(1, cfg.steps + 1):
+    for step in range(start + 1, cfg.steps + 1):
+        if ddp is not None:
+            ddp.reducer.step = step
         idx = sampler.indices(step - 1)
         wall0, t0 = time.time(), time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss_t = F.cross_entropy(model(x[idx]), y[idx])
+        if cfg.step_delay_ms:
+            time.sleep(cfg.step_delay_ms / 1e3)
         t_bw = time.perf_counter()
         loss_t.backward()
         timeline: dict[str, object] = {}
         comm_s = 0.0
-        if isinstance(model, DistributedDataParallel):
-            comm_s = model.last_comm_wait_s
-            tl = model.reducer.last_timeline
+        if ddp is not None:
+            comm_s = ddp.last_comm_wait_s
+            tl = ddp.reducer.last_timeline
             timeline = {
                 "backward_ms": [(t_bw - t0) * 1e3, (tl["backward_end"] - t0) * 1e3],
                 "buckets_ms": [[(a - t0) * 1e3, (b - t0) * 1e3] for a, b in tl["buckets"]],
             }
         elif cfg.sync == "barrier":
             tb = time.perf_counter()
-            dist.barrier()
+            with recorder.record("barrier", step=step):
+                dist.barrier()
             comm_s = time.perf_counter() - tb
         opt.step()
         step_ms = (time.perf_counter() - t0) * 1e3
@@ -176,7 +281,8 @@ def _train(cfg: TrainConfig, rank: int, world: int, jlog: _JsonLog) -> bool:
             extra["max_param_diff"] = _max_diff(module, ref.model)
         mine = torch.tensor([loss, checksum, step_ms, comm_s * 1e3], dtype=torch.float64)
         everyone = [torch.empty_like(mine) for _ in range(world)]
-        dist.all_gather(everyone, mine)
+        with recorder.record("all_gather", step=step, nbytes=mine.numel() * 8 * world):
+            dist.all_gather(everyone, mine)
         jlog.write(
             event="step",
             rank=rank,
@@ -189,7 +295,9 @@ def _train(cfg: TrainConfig, rank: int, world: int, jlog: _JsonLog) -> bool:
             **timeline,
             **extra,
         )
-        if rank == 0:
+        if rank != 0:  # shown only with --log-all-ranks
+            log.info(f"step {step}  loss {loss:.4f}  {step_ms:.1f} ms  comm {comm_s * 1e3:.1f} ms")
+        else:
             g = torch.stack(everyone)
             row = StepRow(
                 step=step,
@@ -201,15 +309,21 @@ def _train(cfg: TrainConfig, rank: int, world: int, jlog: _JsonLog) -> bool:
             )
             rows.append(row)
             log.info(row.format())
+            every = cfg.checkpoint_every
+            if every and (step % every == 0 or step == cfg.steps):
+                _save(cfg, step, module, opt, ref)
 
     holds = torch.zeros(1, dtype=torch.int64)
     if rank == 0:
-        report = ParityReport(rows, world, cfg.tolerance, expected_steps=cfg.steps)
+        report = ParityReport(rows, world, cfg.tolerance, expected_steps=cfg.steps - start)
         if cfg.sync == "barrier" and not report.holds:
             log.info("dist.barrier() lines the ranks up in time but never exchanges gradients:")
             log.info("each replica followed its own shard's gradients.")
         log.info(report.verdict)
         holds[0] = int(report.holds)
-    dist.broadcast(holds, group_src=0)  # every rank exits with rank 0's verdict
-    jlog.write(event="end", rank=rank, parity=bool(holds.item()))
+    with recorder.record("broadcast", step=cfg.steps):
+        dist.broadcast(holds, group_src=0)  # every rank exits with rank 0's verdict
+    jlog.write(
+        event="end", rank=rank, parity=bool(holds.item()), params_sha256=params_sha256(module)
+    )
     return bool(holds.item())

@@ -3,13 +3,19 @@ test's tmp_path, and a hard deadline so a regression fails instead of hanging.""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ddp.launch import spawn_ranks
 
-__all__ = ["run_ranks"]
+__all__ = ["finish", "run_ranks", "train_ranks"]
 
 
 def run_ranks(
@@ -17,3 +23,48 @@ def run_ranks(
 ) -> dict[int, Any]:
     """``fn(rendezvous, *args)`` on every rank (``fn`` must live in an importable module)."""
     return spawn_ranks(fn, world_size, *args, rendezvous_dir=str(tmp_path), timeout_s=timeout_s)
+
+
+def train_ranks(tmp_path: Path, world_size: int, *args: str) -> list[subprocess.Popen]:
+    """Start ``python -m ddp train`` once per rank, as containers do: separate processes on a
+    shared file:// rendezvous (fresh under ``tmp_path``), output captured as text."""
+    rdzv = tempfile.mkdtemp(prefix="rdzv-", dir=tmp_path)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ddp",
+                "train",
+                "--rank",
+                str(r),
+                "--world-size",
+                str(world_size),
+                "--init-method",
+                f"file://{rdzv}/rdzv",
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for r in range(world_size)
+    ]
+
+
+def finish(procs: list[subprocess.Popen], timeout_s: float) -> list[str]:
+    """Wait for every process, killing what is still running at the deadline (a stopped one
+    too); their outputs."""
+    deadline = time.monotonic() + timeout_s
+    outs = []
+    for p in procs:
+        try:
+            out = p.communicate(timeout=max(0.1, deadline - time.monotonic()))[0]
+        except subprocess.TimeoutExpired:
+            os.kill(p.pid, signal.SIGCONT)  # a SIGSTOPped process only dies once continued
+            p.kill()
+            out = p.communicate(timeout=10)[0]
+        outs.append(out)
+    return outs

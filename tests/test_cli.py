@@ -14,6 +14,7 @@ from torch import nn
 
 from ddp import DistributedDataParallel
 from ddp.parity import table_row_step
+from tests.helpers import finish, train_ranks
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -86,40 +87,11 @@ def test_train_without_rendezvous_says_how(monkeypatch):
 @pytest.mark.timeout(150)
 def test_externally_launched_ranks(tmp_path):
     """What each container runs: one process per rank on a shared file:// rendezvous."""
-    init = f"file://{tmp_path}/rdzv"
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "ddp",
-                "train",
-                "--rank",
-                str(r),
-                "--world-size",
-                "2",
-                "--init-method",
-                init,
-                "--steps",
-                "3",
-                "--timeout",
-                "60",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=ENV,
-        )
-        for r in range(2)
-    ]
-    try:
-        outs = [p.communicate(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
+    procs = train_ranks(tmp_path, 2, "--steps", "3", "--timeout", "60")
+    outs = finish(procs, timeout_s=120)
     assert [p.returncode for p in procs] == [0, 0], outs
-    assert "parity holds" in outs[0][0]
-    assert outs[1][0] == ""  # rank 1 stays quiet
+    assert "parity holds" in outs[0]
+    assert outs[1] == ""  # rank 1 stays quiet
 
 
 @pytest.mark.timeout(150)
