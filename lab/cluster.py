@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import tarfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import docker.errors
 import requests.exceptions
@@ -118,7 +118,7 @@ class Cluster:
             try:
                 # Any node sees the shared volume, and get_archive works on exited containers.
                 chunks, _ = self.nodes[0].container.get_archive(path)
-                _extract_flat(b"".join(chunks), dest / Path(path).name)
+                _extract(b"".join(chunks), dest / PurePosixPath(path).name)
             except docker.errors.NotFound:
                 continue  # the run never wrote there (e.g. it failed before logging)
         return dest
@@ -130,16 +130,24 @@ class Cluster:
         return removed
 
 
-def _extract_flat(tar_bytes: bytes, dest: Path) -> None:
-    # Regular files only, flattened to their base name: nothing in the archive can write
-    # outside dest (no absolute paths, '..' or links).
+def _extract(tar_bytes: bytes, dest: Path) -> None:
+    """Unpack a ``get_archive`` tar of one directory into ``dest``, keeping its layout.
+
+    Regular files only, and only paths that stay inside ``dest`` (no absolute paths, no
+    '..', no links): the archive comes from a container, which should not write on the host.
+    """
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
         for member in tar.getmembers():
-            if member.isfile():
-                data = tar.extractfile(member)
-                assert data is not None
-                (dest / Path(member.name).name).write_bytes(data.read())
+            name = PurePosixPath(member.name)
+            parts = name.parts[1:]  # drop the archived directory's own name
+            if not member.isfile() or name.is_absolute() or not parts or ".." in parts:
+                continue
+            target = dest.joinpath(*parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            data = tar.extractfile(member)
+            assert data is not None
+            target.write_bytes(data.read())
 
 
 def down(client: docker.DockerClient, run_id: str | None = None) -> int:

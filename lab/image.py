@@ -178,4 +178,12 @@ def build_image(
             if text:
                 echo(text)
         elif "error" in chunk:
-            raise LabError(f"image build failed: {chunk['error'].strip()}")
+            hint = (
+                ""
+                if wheelhouse is not None
+                else (
+                    "; where no registry or package index is reachable from builds, use "
+                    "`python -m lab image --offline --base-image <local image with python3>`"
+                )
+            )
+            raise LabError(f"image build failed: {chunk['error'].strip()}{hint}")

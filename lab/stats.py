@@ -18,7 +18,7 @@ from lab.cluster import NodeHandle
 
 __all__ = ["ResourceSampler", "Usage"]
 
-_ENGINE_ERRORS = (docker.errors.APIError, requests.exceptions.RequestException)
+_ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
 
 
 @dataclass

@@ -47,8 +47,8 @@ class RunOutcome:
     tails: dict[int, deque] = field(default_factory=dict)
     seconds: float = 0.0
 
-    def last_lines(self, rank: int) -> str:
-        lines = list(self.tails.get(rank, ()))
+    def last_lines(self, rank: int, n: int = _TAIL) -> str:
+        lines = list(self.tails.get(rank, ()))[-n:]
         return "\n".join(f"    {line}" for line in lines) or "    (no output)"
 
 
@@ -130,7 +130,7 @@ def watch(
         if now > deadline:
             outcome.seconds = now - start
             missing = [r for r in ranks if r not in outcome.exits]
-            tails = "\n".join(f"  rank {r}:\n{outcome.last_lines(r)}" for r in missing)
+            tails = "\n".join(f"  rank {r}:\n{outcome.last_lines(r, 3)}" for r in missing)
             raise RunTimeout(
                 f"run did not finish within {timeout_s:g} s; ranks still running: "
                 f"{missing}. Last lines:\n{tails}\nRaise --timeout for longer "

@@ -42,7 +42,8 @@ def test_ranks_wait_for_go_then_report_prefixed_output_and_exits(tmp_path):
         code, cpu_s, peak_mib = int(m.group(1)), float(m.group(2)), float(m.group(3))
         assert code == 0 and cpu_s > 0 and peak_mib > 50  # a torch process: tens of MiB at least
     assert any("parity holds" in text for _, rank, text in parsed if rank == 0), out
-    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["rank0.jsonl", "rank1.jsonl"]
+    logs = sorted(p.name for p in (tmp_path / "logs").glob("rank*.jsonl"))
+    assert logs == ["rank0.jsonl", "rank1.jsonl"]
 
 
 @pytest.mark.timeout(60)

@@ -5,7 +5,7 @@ import json
 import tarfile
 
 from lab.cli import main
-from lab.cluster import _extract_flat
+from lab.cluster import _extract
 
 
 def _write_run(run_dir, world=2, steps=3, diverge_at=None, drop_rank=None):
@@ -57,21 +57,19 @@ def test_no_logs_is_an_error_saying_what_to_pass(tmp_path, capsys):
     assert "no rank*.jsonl logs" in capsys.readouterr().err
 
 
-def test_collected_archive_cannot_escape_its_directory(tmp_path):
+def test_collected_archive_keeps_its_layout_and_cannot_escape(tmp_path):
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name in ("logs/rank0.jsonl", "../../evil.jsonl", "/abs/rank1.jsonl"):
+        for name in ("logs/rank0.jsonl", "logs/flight/rank0.json", "logs/../../evil", "/abs"):
             info = tarfile.TarInfo(name)
             info.size = 3
             tar.addfile(info, io.BytesIO(b"{}\n"))
         link = tarfile.TarInfo("logs/link")
         link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
         tar.addfile(link)
-    _extract_flat(buf.getvalue(), tmp_path / "out")
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "evil.jsonl", "rank0.jsonl", "rank1.jsonl",
-    ]  # fmt: skip
-    assert not (tmp_path / "evil.jsonl").exists()
+    _extract(buf.getvalue(), tmp_path / "out" / "logs")
+    files = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert files == ["out/logs/flight/rank0.json", "out/logs/rank0.jsonl"]
 
 
 def test_corrupt_log_is_reported(tmp_path, capsys):
