@@ -21,8 +21,9 @@ import torch.multiprocessing as mp
 
 from ddp.config import SYNC_MODES, Rendezvous, TrainConfig
 from ddp.launch import spawn_local
+from ddp.logs import setup_logging
 from ddp.models import MODELS
-from ddp.train import PeerFailure, run_rank, setup_logging
+from ddp.train import PeerFailure, run_rank
 
 __all__ = ["main"]
 

@@ -16,7 +16,8 @@ from typing import Any
 import torch.multiprocessing as mp
 
 from ddp.config import Rendezvous, TrainConfig
-from ddp.train import run_rank, setup_logging
+from ddp.logs import setup_logging
+from ddp.train import run_rank
 
 __all__ = ["spawn_local", "spawn_ranks"]
 

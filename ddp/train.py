@@ -10,14 +10,10 @@ up as communication wait on the others.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import IO
 
 import torch
 import torch.distributed as dist
@@ -32,88 +28,18 @@ from ddp.checkpoint import (
     save_checkpoint,
 )
 from ddp.config import Rendezvous, TrainConfig
-from ddp.data import ShardSampler, global_batch, make_dataset
+from ddp.data import ShardSampler, make_dataset
 from ddp.diagnosis import PeerFailure, explain_failure
 from ddp.distributed import DistributedDataParallel
 from ddp.flight_recorder import FlightRecorder
+from ddp.logs import JsonLog
 from ddp.models import build_model
 from ddp.parity import HEADER, ParityReport, StepRow
+from ddp.reference import Reference, checksum, max_param_diff, params_sha256, sgd
 
-__all__ = ["PeerFailure", "run_rank", "setup_logging"]
+__all__ = ["PeerFailure", "run_rank"]
 
 log = logging.getLogger("ddp")
-
-
-def setup_logging(rank: int, all_ranks: bool = False) -> None:
-    """Rank 0 prints; the others only warn, unless ``all_ranks`` (then lines carry the rank)."""
-    fmt = f"[rank{rank}] %(message)s" if all_ranks else "%(message)s"
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter(fmt))
-    log.handlers[:] = [handler]
-    log.propagate = False
-    log.setLevel(logging.INFO if rank == 0 or all_ranks else logging.WARNING)
-
-
-class _JsonLog:
-    """``<log_dir>/rank<R>.jsonl``, flushed per line so a killed rank leaves what it did."""
-
-    def __init__(self, log_dir: str | None, rank: int) -> None:
-        self._f: IO[str] | None = None
-        if log_dir:
-            Path(log_dir).mkdir(parents=True, exist_ok=True)
-            self._f = open(Path(log_dir) / f"rank{rank}.jsonl", "w")  # noqa: SIM115
-
-    def write(self, **record: object) -> None:
-        if self._f is not None:
-            self._f.write(json.dumps(record) + "\n")
-            self._f.flush()
-
-    def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-
-
-@torch.no_grad()
-def _checksum(module: nn.Module) -> float:
-    return float(sum(p.detach().double().sum() for p in module.parameters()))
-
-
-@torch.no_grad()
-def params_sha256(module: nn.Module) -> str:
-    """Bitwise fingerprint of all parameters (what "resumed == uninterrupted" compares)."""
-    h = hashlib.sha256()
-    for p in module.parameters():
-        h.update(p.detach().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-@torch.no_grad()
-def _max_diff(a: nn.Module, b: nn.Module) -> float:
-    return max(
-        float((p - q).abs().max()) for p, q in zip(a.parameters(), b.parameters(), strict=True)
-    )
-
-
-def _sgd(module: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    return torch.optim.SGD(module.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-
-
-class _Reference:
-    """The single-process run that DDP must equal: same init, same optimizer, global batch."""
-
-    def __init__(self, cfg: TrainConfig, world_size: int, n: int) -> None:
-        self.model = build_model(cfg.model, cfg.seed)
-        self.opt = _sgd(self.model, cfg)
-        lb = cfg.local_batch(world_size)
-        self.samplers = [ShardSampler(n, r, world_size, lb, cfg.seed) for r in range(world_size)]
-
-    def step(self, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
-        idx = global_batch(self.samplers, step)
-        self.opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.model(x[idx]), y[idx])
-        loss.backward()
-        self.opt.step()
-        return loss.item()
 
 
 def _flight_dir(cfg: TrainConfig, rdzv: Rendezvous) -> Path | None:
@@ -145,7 +71,7 @@ def run_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
     if flight is not None:
         # Answers other ranks' dump requests even while this rank is blocked in a collective.
         recorder.watch(flight)
-    jlog = _JsonLog(cfg.log_dir, rdzv.rank)
+    jlog = JsonLog(cfg.log_dir, rdzv.rank)
     try:
         try:
             holds = _train(cfg, rdzv.rank, rdzv.world_size, jlog, recorder)
@@ -165,7 +91,7 @@ def run_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
 
 
 def _resume(
-    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, ref: _Reference | None
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, ref: Reference | None
 ) -> int:
     """Load the newest complete checkpoint into this rank; returns its step. A half-written or
     damaged file is never loaded (``latest_checkpoint`` verifies length and hash)."""
@@ -193,7 +119,7 @@ def _save(
     step: int,
     module: nn.Module,
     opt: torch.optim.Optimizer,
-    ref: _Reference | None,
+    ref: Reference | None,
 ) -> None:
     # Replicas are identical, so rank 0's state is everyone's; the data position is the step.
     state = {"model": module.state_dict(), "optimizer": opt.state_dict(), "rng": rng_state()}
@@ -204,14 +130,14 @@ def _save(
 
 
 def _train(
-    cfg: TrainConfig, rank: int, world: int, jlog: _JsonLog, recorder: FlightRecorder
+    cfg: TrainConfig, rank: int, world: int, jlog: JsonLog, recorder: FlightRecorder
 ) -> bool:
     torch.set_num_threads(1)  # ranks share the host's cores; intra-op threads would fight
     x, y = make_dataset(cfg.seed)
     sampler = ShardSampler(len(x), rank, world, cfg.local_batch(world), cfg.seed)
     module = build_model(cfg.model, cfg.seed)
-    opt = _sgd(module, cfg)
-    ref = _Reference(cfg, world, len(x)) if rank == 0 and cfg.reference else None
+    opt = sgd(module, cfg)
+    ref = Reference(cfg, world, len(x)) if rank == 0 and cfg.reference else None
     start = _resume(cfg, module, opt, ref) if cfg.resume else 0
     if cfg.sync == "allreduce":
         model: nn.Module = DistributedDataParallel(
@@ -273,13 +199,13 @@ def _train(
         step_ms = (time.perf_counter() - t0) * 1e3
         loss = loss_t.item()
 
-        checksum = _checksum(module)
+        mine_sum = checksum(module)
         extra = {}
         if ref is not None:
             extra["ref_loss"] = ref.step(x, y, step - 1)
-            extra["ref_checksum"] = _checksum(ref.model)
-            extra["max_param_diff"] = _max_diff(module, ref.model)
-        mine = torch.tensor([loss, checksum, step_ms, comm_s * 1e3], dtype=torch.float64)
+            extra["ref_checksum"] = checksum(ref.model)
+            extra["max_param_diff"] = max_param_diff(module, ref.model)
+        mine = torch.tensor([loss, mine_sum, step_ms, comm_s * 1e3], dtype=torch.float64)
         everyone = [torch.empty_like(mine) for _ in range(world)]
         with recorder.record("all_gather", step=step, nbytes=mine.numel() * 8 * world):
             dist.all_gather(everyone, mine)
@@ -288,7 +214,7 @@ def _train(
             rank=rank,
             step=step,
             loss=loss,
-            checksum=checksum,
+            checksum=mine_sum,
             step_ms=step_ms,
             comm_ms=comm_s * 1e3,
             t0=wall0,
