@@ -5,6 +5,7 @@ python -m lab up --nodes 4 --steps 20
 python -m lab up --topology lab/topologies/2x2.yaml
 python -m lab parity runs/<run-id>
 python -m lab down
+python -m lab latency --ms 5
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from lab import latency_cli
 from lab.specs import DEFAULT_IMAGE
 from lab.topology import MODELS, SYNC_MODES, Topology, load_topology
 
@@ -105,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parity = sub.add_parser("parity", help="re-check a collected run offline")
     parity.add_argument("run_dir", type=Path, help="runs/<run-id> (or its logs/ directory)")
+
+    latency_cli.add_parser(sub)
     return parser
 
 
@@ -173,7 +177,13 @@ def _parity(args: argparse.Namespace) -> int:
     return 0 if report.holds else 1
 
 
-_COMMANDS = {"image": _image, "up": _up, "down": _down, "parity": _parity}
+_COMMANDS = {
+    "image": _image,
+    "up": _up,
+    "down": _down,
+    "parity": _parity,
+    "latency": latency_cli.run,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -186,6 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "up":
             topology_from_args(args)  # bad values are argument errors, before any Docker call
+        elif args.command == "latency":
+            latency_cli.settings_from_args(args)
     except ValueError as e:
         parser.error(str(e))
     try:

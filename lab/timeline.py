@@ -1,0 +1,198 @@
+"""One training step as a timeline: every rank's forward and backward and every bucket's
+allreduce, as a Chrome trace JSON (Perfetto, chrome://tracing) and as a PNG Gantt chart.
+
+Built from the per-step records of the rank logs: ``t0`` (wall clock at step start, so ranks in
+different containers of one host share an axis), ``backward_ms`` ``[start, end]`` and
+``buckets_ms`` ``[[launch, done], ...]`` relative to the step's start. ``done`` is observed on
+gloo's thread when the allreduce really completes, so a bucket bar that lies inside the
+backward bar is communication hidden behind computation. Pure functions, tested without Docker.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lab.report import load_rank_logs
+
+__all__ = ["RankStep", "StepTimeline", "chrome_trace", "load_step", "representative_step",
+           "write_gantt"]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RankStep:
+    """One rank's step, in ms from the earliest rank's step start (``offset_ms`` is this rank's
+    start on that axis; the other times are relative to this rank's own start)."""
+
+    offset_ms: float
+    backward_ms: tuple[float, float]
+    buckets_ms: list[tuple[float, float]]
+    step_ms: float
+
+
+@dataclass(frozen=True)
+class StepTimeline:
+    title: str  # e.g. "cap 1 MB, overlap on"
+    step: int
+    ranks: dict[int, RankStep] = field(default_factory=dict)
+
+    @property
+    def end_ms(self) -> float:
+        return max(r.offset_ms + r.step_ms for r in self.ranks.values())
+
+
+def representative_step(log_dir: Path, warmup: int) -> int:
+    """The measured step whose slowest-rank step time is closest to the median (not an outlier).
+
+    Raises ValueError when no measured step carries a timeline (no-sync runs, or an old image).
+    """
+    by_step: dict[int, list[dict]] = {}
+    ranks = load_rank_logs(log_dir)
+    for entry in ranks.values():
+        for record in entry["steps"]:
+            if record["step"] > warmup and "buckets_ms" in record and "t0" in record:
+                by_step.setdefault(record["step"], []).append(record)
+    complete = {s: max(r["step_ms"] for r in recs) for s, recs in by_step.items()
+                if len(recs) == len(ranks)}  # fmt: skip
+    if not complete:
+        raise ValueError(
+            f"{log_dir}: no measured step with a timeline (t0, buckets_ms) on all ranks"
+        )
+    median = statistics.median(complete.values())
+    return min(complete, key=lambda s: (abs(complete[s] - median), s))
+
+
+def load_step(log_dir: Path, step: int, title: str) -> StepTimeline:
+    """Every rank's timeline of ``step``, aligned on the earliest rank's start."""
+    records = {}
+    for rank, entry in load_rank_logs(log_dir).items():
+        found = [r for r in entry["steps"] if r["step"] == step]
+        if not found or "buckets_ms" not in found[0]:
+            raise ValueError(f"{log_dir}: rank {rank} has no timeline for step {step}")
+        records[rank] = found[0]
+    start = min(r["t0"] for r in records.values())
+    ranks = {
+        rank: RankStep(
+            offset_ms=(r["t0"] - start) * 1e3,
+            backward_ms=(float(r["backward_ms"][0]), float(r["backward_ms"][1])),
+            buckets_ms=[(float(a), float(b)) for a, b in r["buckets_ms"]],
+            step_ms=float(r["step_ms"]),
+        )
+        for rank, r in sorted(records.items())
+    }
+    return StepTimeline(title, step, ranks)
+
+
+def _lanes(intervals: list[tuple[float, float]]) -> list[int]:
+    """Greedy lanes so that intervals in one lane never overlap (allreduces may be in flight
+    together; a trace viewer needs properly nested slices per thread)."""
+    ends: list[float] = []
+    lanes = []
+    for a, b in intervals:
+        lane = next((i for i, end in enumerate(ends) if end <= a), len(ends))
+        if lane == len(ends):
+            ends.append(b)
+        else:
+            ends[lane] = b
+        lanes.append(lane)
+    return lanes
+
+
+def _phases(r: RankStep) -> list[tuple[str, float, float]]:
+    (bw0, bw1) = r.backward_ms
+    return [
+        ("forward", 0.0, bw0),
+        ("backward", bw0, bw1),
+        ("after backward: allreduce wait, optimizer", bw1, r.step_ms),
+    ]
+
+
+def chrome_trace(timelines: list[StepTimeline]) -> dict:
+    """Trace Event Format: one process per timeline, per rank a compute thread and as many
+    allreduce threads as buckets were in flight at once. Times in microseconds."""
+    events: list[dict] = []
+
+    def meta(kind: str, pid: int, tid: int | None, **args: object) -> None:
+        event = {"name": kind, "ph": "M", "pid": pid, "args": args}
+        if tid is not None:
+            event["tid"] = tid
+        events.append(event)
+
+    def span(name: str, pid: int, tid: int, a_ms: float, b_ms: float, **args: object) -> None:
+        events.append({"name": name, "ph": "X", "pid": pid, "tid": tid, "ts": a_ms * 1e3,
+                       "dur": max(b_ms - a_ms, 0.0) * 1e3, "args": args})  # fmt: skip
+
+    for pid, tl in enumerate(timelines, start=1):
+        meta("process_name", pid, None, name=f"{tl.title} (step {tl.step})")
+        meta("process_sort_index", pid, None, sort_index=pid)
+        for rank, r in tl.ranks.items():
+            compute = rank * 100
+            meta("thread_name", pid, compute, name=f"rank {rank} compute")
+            meta("thread_sort_index", pid, compute, sort_index=compute)
+            for name, a, b in _phases(r):
+                span(name, pid, compute, r.offset_ms + a, r.offset_ms + b, rank=rank)
+            lanes = _lanes(r.buckets_ms)
+            for lane in sorted(set(lanes)):
+                tid = compute + 1 + lane
+                meta("thread_name", pid, tid, name=f"rank {rank} allreduce" + (
+                    f" ({lane + 1})" if lane else ""))  # fmt: skip
+                meta("thread_sort_index", pid, tid, sort_index=tid)
+            for k, ((a, b), lane) in enumerate(zip(r.buckets_ms, lanes, strict=True)):
+                span(f"allreduce bucket {k}", pid, compute + 1 + lane, r.offset_ms + a,
+                     r.offset_ms + b, rank=rank, bucket=k, ms=round(b - a, 3))  # fmt: skip
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+_COLORS = {
+    "forward": "#bdbdbd",
+    "backward": "#3b75af",
+    "after backward: allreduce wait, optimizer": "#f2c14e",
+    "allreduce": "#d1495b",
+}
+
+
+def write_gantt(path: Path, timelines: list[StepTimeline], suptitle: str = "") -> None:
+    """One panel per timeline (e.g. overlap on above, off below) on a shared time axis; per
+    rank the compute phases on top and the bucket allreduces (stacked lanes) underneath."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    if not timelines:
+        raise ValueError("no timelines to draw")
+    fig, axes = plt.subplots(
+        len(timelines), 1, figsize=(11, 1.2 + 1.1 * sum(len(t.ranks) for t in timelines) / 2),
+        dpi=110, sharex=True, squeeze=False,
+    )  # fmt: skip
+    end = max(t.end_ms for t in timelines)
+    for ax, tl in zip(axes[:, 0], timelines, strict=True):
+        ticks, labels = [], []
+        for row, (rank, r) in enumerate(tl.ranks.items()):
+            y = -row * 1.0  # rank 0 on top
+            for name, a, b in _phases(r):
+                ax.broken_barh([(r.offset_ms + a, b - a)], (y, 0.42), color=_COLORS[name])
+            lanes = _lanes(r.buckets_ms)
+            height = 0.42 / max(len(set(lanes)), 1)
+            for (a, b), lane in zip(r.buckets_ms, lanes, strict=True):
+                ax.broken_barh(
+                    [(r.offset_ms + a, max(b - a, end * 0.002))],
+                    (y - 0.46 + lane * height, height * 0.9),
+                    color=_COLORS["allreduce"], edgecolor="black", linewidth=0.3,
+                )  # fmt: skip
+            ticks.append(y)
+            labels.append(f"rank {rank}")
+        ax.set_yticks(ticks, labels)
+        ax.set_title(f"{tl.title}: step {tl.step}, {tl.end_ms:.1f} ms", fontsize=10, loc="left")
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.set_xlim(0, end * 1.02)
+    axes[-1, 0].set_xlabel("ms since the first rank started the step")
+    handles = [Patch(color=c, label=n) for n, c in _COLORS.items()]
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=11)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path)
+    plt.close(fig)
