@@ -102,6 +102,25 @@ def _handle(
     return rank == 0 and is_verdict is not None and is_verdict(text)
 
 
+def _early_exit_message(first: int, ranks: list[int], outcome: RunOutcome, node_tail: deque) -> str:
+    running = [r for r in ranks if r not in outcome.exits]
+    lines = [
+        f"rank {first} exited early with code {outcome.exits[first]}"
+        + (f" while ranks {running} were still running" if running else "")
+        + f"; its last lines:\n{outcome.last_lines(first)}"
+    ]
+    # The survivors often say more than the rank that died (e.g. which peer went missing).
+    for rank, code in sorted(outcome.exits.items()):
+        if rank != first and code != 0:
+            lines.append(f"  rank {rank} exited with code {code}:\n{outcome.last_lines(rank, 3)}")
+    if node_tail:
+        lines.append("  node messages:\n" + "\n".join(f"    {line}" for line in node_tail))
+    lines.append(
+        "Fix the cause above; if the image is stale, rebuild it with `python -m lab image`"
+    )
+    return "\n".join(lines)
+
+
 def watch(
     nodes: list[NodeHandle],
     timeout_s: float,
@@ -155,14 +174,5 @@ def watch(
     outcome.seconds = time.monotonic() - start
     finished = len(outcome.exits) == len(ranks) and verdict_seen
     if first_failure is not None and not finished:
-        code = outcome.exits[first_failure]
-        running = [r for r in ranks if r not in outcome.exits]
-        extra = "\n".join(f"    {line}" for line in node_tail)
-        raise NodeFailed(
-            f"rank {first_failure} exited early with code {code}"
-            + (f" while ranks {running} were still running" if running else "")
-            + f"; its last lines:\n{outcome.last_lines(first_failure)}"
-            + (f"\n  node messages:\n{extra}" if extra else "")
-            + "\nFix the cause above; if the image is stale, rebuild it with `python -m lab image`"
-        )
+        raise NodeFailed(_early_exit_message(first_failure, ranks, outcome, node_tail))
     return outcome
