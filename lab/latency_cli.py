@@ -7,6 +7,7 @@ Kept apart from :mod:`lab.cli` so the sweep's many flags do not crowd the other 
 from __future__ import annotations
 
 import argparse
+import textwrap
 from pathlib import Path
 
 from lab.report import DEFINITIONS
@@ -18,17 +19,24 @@ __all__ = ["add_parser", "parse_caps", "run", "settings_from_args"]
 
 _DEFAULTS = SweepSettings()
 
-_EPILOG = f"""\
-The closing line is
-  bucketing speedup at <ms> ms: X.Xx (per-parameter vs best bucketed), overlap gain: Y.Yx
-where
-  bucketing speedup = {DEFINITIONS["bucketing speedup"]};
-  overlap gain = {DEFINITIONS["overlap gain"]}.
-Exposed communication = {DEFINITIONS["exposed communication"]}.
-Files in runs/<run-id>/: latency.csv, latency.json, latency.png (step time vs bucket cap),
-trace.json (Chrome trace: open in https://ui.perfetto.dev or chrome://tracing), gantt.png
-(one step, overlap on vs off), logs/<delay>/<configuration>/rank<R>.jsonl.
-"""
+
+def _wrap(term: str) -> str:
+    return textwrap.fill(
+        f"{term} = {DEFINITIONS[term]}.", width=92, initial_indent="  ", subsequent_indent="    "
+    )
+
+
+_EPILOG = "\n".join(
+    [
+        "The closing line is",
+        "  bucketing speedup at <ms> ms: X.Xx (per-parameter vs best bucketed), overlap gain: Y.Yx",
+        "where",
+        *(_wrap(t) for t in ("bucketing speedup", "overlap gain", "exposed communication")),
+        "Files in runs/<run-id>/: latency.csv, latency.json, latency.png (step time vs bucket",
+        "cap), trace.json (Chrome trace: open in https://ui.perfetto.dev or chrome://tracing),",
+        "gantt.png (one step, overlap on vs off), logs/<delay>/<configuration>/rank<R>.jsonl.",
+    ]
+)
 
 
 def _delay(text: str) -> float:
@@ -87,7 +95,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=DEFAULT_CAPS,
         help="bucket caps in MB, comma-separated; 0 = per parameter (default 0,0.25,1,4,25)",
     )
-    p.add_argument("--steps", type=int, default=_DEFAULTS.steps, help="steps per configuration")
+    p.add_argument("--steps", type=int, default=_DEFAULTS.steps, help="steps per configuration (default %(default)s)")
     p.add_argument(
         "--warmup",
         type=int,
@@ -96,8 +104,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--nodes", type=int, default=_DEFAULTS.nodes, help="containers (default 4)")
     p.add_argument("--model", choices=MODELS, default=_DEFAULTS.model, help="default deep")
-    p.add_argument("--batch-size", type=int, default=_DEFAULTS.batch_size, help="global batch")
-    p.add_argument("--seed", type=int, default=_DEFAULTS.seed, help="init and data seed")
+    p.add_argument("--batch-size", type=int, default=_DEFAULTS.batch_size, help="global batch (default %(default)s)")
+    p.add_argument("--seed", type=int, default=_DEFAULTS.seed, help="init and data seed (default %(default)s)")
     p.add_argument(
         "--timeline-cap",
         type=float,
@@ -146,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
     )
     out = write_outputs(result, settings)
     print(report.format_table(out.rows))
-    print(f"sweep took {result.seconds:.0f} s; wrote {', '.join(str(f) for f in out.files)}")
+    names = ", ".join(f.name for f in out.files)
+    print(f"sweep took {result.seconds:.0f} s; wrote {result.run_dir}/: {names}")
     broken = [r.config for r in out.rows if r.parity is False]
     if broken:
         print(f"parity BROKEN in: {'; '.join(broken)}")
