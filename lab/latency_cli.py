@@ -95,7 +95,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=DEFAULT_CAPS,
         help="bucket caps in MB, comma-separated; 0 = per parameter (default 0,0.25,1,4,25)",
     )
-    p.add_argument("--steps", type=int, default=_DEFAULTS.steps, help="steps per configuration (default %(default)s)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=_DEFAULTS.steps,
+        help="steps per configuration (default %(default)s)",
+    )
     p.add_argument(
         "--warmup",
         type=int,
@@ -104,8 +109,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--nodes", type=int, default=_DEFAULTS.nodes, help="containers (default 4)")
     p.add_argument("--model", choices=MODELS, default=_DEFAULTS.model, help="default deep")
-    p.add_argument("--batch-size", type=int, default=_DEFAULTS.batch_size, help="global batch (default %(default)s)")
-    p.add_argument("--seed", type=int, default=_DEFAULTS.seed, help="init and data seed (default %(default)s)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=_DEFAULTS.batch_size,
+        help="global batch (default %(default)s)",
+    )
+    p.add_argument(
+        "--seed", type=int, default=_DEFAULTS.seed, help="init and data seed (default %(default)s)"
+    )
     p.add_argument(
         "--timeline-cap",
         type=float,
