@@ -269,6 +269,9 @@ class Reducer:
             assert work is not None
             work.wait()
         self.last_comm_wait_s = time.perf_counter() - t0
+        # Drop the finished works: a Work kept alive into interpreter shutdown can be
+        # destroyed from gloo's thread after Python is gone.
+        self._works = [None] * len(self._plan)
 
         missed = self._missing_counts()
         if missed and not self._find_unused:

@@ -249,6 +249,11 @@ def _train(
         holds[0] = int(report.holds)
     with recorder.record("broadcast", step=cfg.steps):
         dist.broadcast(holds, group_src=0)  # every rank exits with rank 0's verdict
+    # Tear down only once every rank is done: a rank that destroys its gloo pairs while a
+    # peer's last message is still in flight can abort that peer (seen once in 9 container
+    # runs: "terminate called without an active exception" after the verdict).
+    with recorder.record("barrier", step=cfg.steps):
+        dist.barrier()
     jlog.write(
         event="end", rank=rank, parity=bool(holds.item()), params_sha256=params_sha256(module)
     )
