@@ -5,6 +5,7 @@ python -m lab up --nodes 4 --steps 20
 python -m lab up --topology lab/topologies/2x2.yaml
 python -m lab parity runs/<run-id>
 python -m lab down
+python -m lab kill --rank 2 --at-step 5 --mode pause --timeout 30
 python -m lab latency --ms 5
 """
 
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from lab import latency_cli
+from lab import kill_cli, latency_cli
 from lab.specs import DEFAULT_IMAGE
 from lab.topology import MODELS, SYNC_MODES, Topology, load_topology
 
@@ -109,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     parity.add_argument("run_dir", type=Path, help="runs/<run-id> (or its logs/ directory)")
 
     latency_cli.add_parser(sub)
+    kill_cli.add_parser(sub)
     return parser
 
 
@@ -183,6 +185,7 @@ _COMMANDS = {
     "down": _down,
     "parity": _parity,
     "latency": latency_cli.run,
+    "kill": kill_cli.run,
 }
 
 
@@ -198,6 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             topology_from_args(args)  # bad values are argument errors, before any Docker call
         elif args.command == "latency":
             latency_cli.settings_from_args(args)
+        elif args.command == "kill":
+            kill_cli.plan_from_args(args)
     except ValueError as e:
         parser.error(str(e))
     try:
