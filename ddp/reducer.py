@@ -173,6 +173,11 @@ class Reducer:
             # A parameter that took part in an earlier no_sync micro-step holds an accumulated
             # gradient that must be reduced even though this last forward skipped it.
             self._mark_ready(i, missing=not self._used_since_sync[i])
+        if all(self._ready):
+            # No parameter is left for backward to reach (none at all, or this rank's forward
+            # used none), so no hook will fire to queue the final callback: reduce now, or the
+            # other ranks would wait for this rank's buckets forever.
+            self._finalize()
 
     def _on_grad(self, i: int, param: torch.Tensor) -> None:
         if not self._expect_backward:
@@ -183,6 +188,11 @@ class Reducer:
             # Must be queued from inside backward; it runs once the whole graph is done.
             Variable._execution_engine.queue_callback(self._finalize)
             self._callback_queued = True
+        if param.grad is not None and param.grad.is_sparse:
+            raise RuntimeError(
+                f"parameter {self._names[i]!r} has a sparse gradient, which this wrapper does "
+                "not reduce; use dense gradients (e.g. nn.Embedding(..., sparse=False))"
+            )
         if self._ready[i]:
             raise RuntimeError(
                 f"parameter {self._names[i]!r} received a gradient twice in one synchronised "

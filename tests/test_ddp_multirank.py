@@ -240,6 +240,49 @@ def _different_models_raise(rank: int, world: int) -> None:
         DistributedDataParallel(module)
 
 
+class _NoTrainable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen = nn.Linear(24, 4).requires_grad_(False)
+
+    def forward(self, x):
+        return self.frozen(x)
+
+
+class _Idle(nn.Module):
+    """With ``idle`` the forward touches no parameter at all."""
+
+    def __init__(self, idle: bool) -> None:
+        super().__init__()
+        self.idle = idle
+        self.a = nn.Linear(24, 4)
+
+    def forward(self, x):
+        return x[:, :4] * 1.0 if self.idle else self.a(x)
+
+
+def _nothing_to_reduce(rank: int, world: int) -> None:
+    """No trainable parameter at all, or none used on rank 1 (which then has no backward to
+    run): the allreduce must still happen, with rank 1 contributing zeros. (torch's DDP hangs
+    here: rank 1 never launches its buckets.)"""
+    frozen = DistributedDataParallel(_make(_NoTrainable))
+    torch.manual_seed(0)
+    ours = DistributedDataParallel(_Idle(idle=rank == 1), find_unused_parameters=True)
+    torch.manual_seed(0)
+    ref = _Idle(idle=False)
+    for x, y, _ in _data(rank, world):
+        frozen(x).sum()  # nothing requires grad: nothing to reduce, and no hang either
+        local = slice(0, 6)  # rank 0's slice: the only rank whose forward used parameters
+        out = ours(x[local])
+        if out.requires_grad:
+            F.cross_entropy(out, y[local]).backward()
+        ref.zero_grad()
+        (F.cross_entropy(ref(x[local]), y[local]) / world).backward()
+        for p, q in zip(ours.module.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, atol=ATOL, rtol=0)
+        ours.module.zero_grad()
+
+
 def _replicas_start_equal(rank: int, world: int) -> None:
     model = _make(_BatchNorm, seed=rank)  # deliberately different initial weights per rank
     DistributedDataParallel(model)
@@ -266,6 +309,7 @@ CASES = {
     "different_models": _different_models_raise,
     "broadcast_at_construction": _replicas_start_equal,
     "four_rank_mix": _four_ranks,
+    "nothing_to_reduce": _nothing_to_reduce,
 }
 for _cap in (0, 0.002, 25, 1000):
     for _overlap in (True, False):
@@ -277,7 +321,7 @@ CASES["single_process_bucket_view"] = _vs_single_process(0.002, True, as_view=Tr
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return run_ranks(_run_cases, 2, tmp_path_factory.mktemp("rdzv"), list(CASES), timeout_s=240)
+    return run_ranks(_run_cases, 2, tmp_path_factory.mktemp("rdzv"), list(CASES), timeout_s=150)
 
 
 @pytest.mark.timeout(300)
