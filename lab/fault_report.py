@@ -367,12 +367,9 @@ def compare_runs(
             True,
             "recovered: final parameters bitwise identical to an uninterrupted run",
             resumed_from,
-            [f"rank {r}: sha256 {ref_sha[r][:16]}..." for r in range(world_size)],
+            [f"rank {r} {res_sha[r][:12]}.. = {ref_sha[r][:12]}.." for r in range(world_size)],
         )
-    details = [
-        f"rank {r}: resumed {res_sha[r][:16]}... vs uninterrupted {ref_sha[r][:16]}..."
-        for r in differ
-    ]
+    details = [f"rank {r} {res_sha[r][:12]}.. != {ref_sha[r][:12]}.." for r in differ]
     return Recovery(
         False,
         f"recovered but final parameters DIFFER from an uninterrupted run on ranks "

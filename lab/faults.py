@@ -354,8 +354,8 @@ def run_kill(
         report = build_report(plan, phase.start, injection, phase.lines, phase.exits, dumps)
         report.notes += notes
         echo(report.text())
-        echo(report.last_line)
         if plan.recover:
+            echo(report.last_line)  # the diagnosis, before the recovery begins
             _reset(cluster)
             _run_undisturbed(cluster, plan, "resume", echo, phases)
     finally:
@@ -378,7 +378,8 @@ def run_kill(
             plan.world_size,
         )
         echo(
-            f"resumed from the checkpoint of step {recovery.resumed_from}; "
+            f"recovery: resumed from the checkpoint of step {recovery.resumed_from} (fault in "
+            f"step {plan.at_step}); sha256 of the final parameters, resumed vs uninterrupted: "
             + "; ".join(recovery.details)
         )
     assert report is not None
@@ -397,7 +398,7 @@ def run_kill(
     ok = report.ok and (recovery is None or recovery.ok)
     summary["ok"] = ok
     (run_dir / "report.json").write_text(json.dumps(summary, indent=2, default=str))
+    echo(report.last_line)
     if recovery is not None:
-        echo(report.last_line)
         echo(recovery.last_line)
     return 0 if ok else 1
