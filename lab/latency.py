@@ -23,7 +23,7 @@ from pathlib import Path
 from lab import report, timeline
 from lab.cluster import Cluster
 from lab.engine import LabError, NodeFailed, RunTimeout, connect, require_image
-from lab.report import Row, summarize_config
+from lab.report import Row, load_rank_logs, summarize_config
 from lab.specs import DEFAULT_IMAGE, resource_name
 from lab.sweep import SWEEP_DIR, RunSpec, SweepSettings, ms_tag, plan_sweep, rank_command
 
@@ -94,15 +94,20 @@ def _link(cluster: Cluster, settings: SweepSettings, ms: float, lifetime_s: floa
         )
         for node in cluster.nodes
     ]
+    verified = False
     try:
         with apply.shaped(
             nodes, ms, settings.shaper, settings.rate_mbit, max_seconds=lifetime_s
         ) as rep:
+            verified = True
             yield LinkReport(
                 ms, rep.shaper, rep.note, rep.line(), rep.measured.get("p50_ms"),
                 rep.measured.get("p90_ms"), rep.baseline.get("p50_ms"),
             )  # fmt: skip
-    except ValueError as e:  # probe.verify: the link is not what was asked
+    except ValueError as e:
+        if verified:
+            raise  # from the sweep itself, not from the link check
+        # probe.verify: the link is not what was asked
         raise LabError(f"link check failed at {ms:g} ms, nothing was measured: {e}") from None
 
 
@@ -152,12 +157,11 @@ def _run_config(
     log_dir.mkdir(parents=True, exist_ok=True)
     for rank, (_, out) in results.items():
         (log_dir / f"rank{rank}.out").write_text(out)
-    ok_codes = {0, 1}  # 1: the rank ran to its end and reports parity broken
+    logs = load_rank_logs(log_dir)
     for rank, (code, out) in sorted(results.items()):
-        ended = (log_dir / f"rank{rank}.jsonl").exists() and '"event": "end"' in (
-            log_dir / f"rank{rank}.jsonl"
-        ).read_text()
-        if code not in ok_codes or not ended:
+        # Exit 1 with an end record: the rank finished and reports parity broken (by design for
+        # the no-sync floor). Anything else is a crash, a timeout, or an image without our ddp.
+        if code not in (0, 1) or logs.get(rank, {}).get("end") is None:
             hint = " (killed by --timeout)" if code in (124, 137) else ""
             raise NodeFailed(
                 f"{spec.label} at {ms:g} ms: rank {rank} exited with code {code}{hint} "
@@ -165,13 +169,15 @@ def _run_config(
                 f"(all output in {log_dir}/; if the image is stale, `python -m lab image`)"
             )
     stats = summarize_config(log_dir, settings.warmup)
-    parity = None if spec.is_floor else check_logs(log_dir).holds
+    codes = {rank: code for rank, (code, _) in results.items()}
+    parity = None
+    if not spec.is_floor:
+        parity = check_logs(log_dir).holds and all(c == 0 for c in codes.values())
     row = Row(
         ms=ms, config=spec.label, cap_mb=spec.cap_mb, overlap=spec.overlap, calls=stats.calls,
         median_step_ms=stats.median_step_ms, median_comm_ms=stats.median_comm_ms,
         steps_measured=stats.steps_measured, parity=parity,
     )  # fmt: skip
-    codes = {rank: code for rank, (code, _) in results.items()}
     return ConfigRun(spec, ms, log_dir, row, codes, time.monotonic() - started)
 
 

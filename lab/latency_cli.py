@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         on_config=lambda run, done, total: print(describe(run, done, total), flush=True),
     )
     out = write_outputs(result, settings)
-    print(report.format_table(out.rows))
+    print(report.format_table(out.rows, settings.rate_mbit))
     names = ", ".join(f.name for f in out.files)
     print(f"sweep took {result.seconds:.0f} s; wrote {result.run_dir}/: {names}")
     broken = [r.config for r in out.rows if r.parity is False]

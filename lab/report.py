@@ -220,15 +220,16 @@ def _num(value: float, fmt: str) -> str:
     return "-" if value is None or math.isnan(value) else format(value, fmt)
 
 
-def format_table(rows: list[Row]) -> str:
+def format_table(rows: list[Row], rate_mbit: float | None = None) -> str:
     """The console table, one block per latency value."""
+    rate = f", rate {rate_mbit:g} Mbit/s" if rate_mbit else ""
     header = (
         f"{'configuration':<28}{'allreduce/step':>15}{'median step ms':>16}"
         f"{'exposed comm ms':>17}{'speedup vs per-param':>22}  parity"
     )
     lines = []
     for ms in dict.fromkeys(r.ms for r in rows):
-        lines += [f"link delay {ms:g} ms one-way:", header]
+        lines += [f"link delay {ms:g} ms one-way{rate}:", header]
         for r in (r for r in rows if r.ms == ms):
             speedup = _num(r.speedup_vs_per_parameter, ".1f")
             lines.append(
