@@ -12,6 +12,7 @@ first at each delay; it is what "exposed communication" is measured from.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import threading
@@ -25,12 +26,13 @@ from lab.cluster import Cluster
 from lab.engine import LabError, NodeFailed, RunTimeout, connect, require_image
 from lab.report import Row, load_rank_logs, summarize_config
 from lab.specs import DEFAULT_IMAGE, resource_name
-from lab.sweep import SWEEP_DIR, RunSpec, SweepSettings, ms_tag, plan_sweep, rank_command
+from lab.sweep import SWEEP_DIR, RunSpec, SweepSettings, plan_sweep, rank_command, run_name
 
 __all__ = [
     "ConfigRun",
     "LinkReport",
     "SweepResult",
+    "combine_rounds",
     "default_timeline_cap",
     "describe",
     "run_sweep",
@@ -55,8 +57,11 @@ class LinkReport:
 
 @dataclass
 class ConfigRun:
+    """One run (one round) of one configuration; ``row`` holds this run's statistics only."""
+
     spec: RunSpec
     ms: float
+    round: int
     log_dir: Path
     row: Row
     exit_codes: dict[int, int]
@@ -112,13 +117,13 @@ def _link(cluster: Cluster, settings: SweepSettings, ms: float, lifetime_s: floa
 
 
 def _exec_all(
-    cluster: Cluster, spec: RunSpec, settings: SweepSettings, ms: float
+    cluster: Cluster, spec: RunSpec, settings: SweepSettings, ms: float, round_: int
 ) -> dict[int, tuple[int, str]]:
     results: dict[int, tuple[int, str]] = {}
 
     def run(node: int, rank: int) -> None:
         try:
-            results[rank] = cluster.exec(node, rank_command(spec, settings, ms, rank))
+            results[rank] = cluster.exec(node, rank_command(spec, settings, ms, rank, round_))
         except Exception as e:  # the engine failed us; reported like a crashed rank
             results[rank] = (-1, f"docker exec failed: {e}")
 
@@ -145,15 +150,16 @@ def _tail(text: str) -> str:
 
 
 def _run_config(
-    cluster: Cluster, spec: RunSpec, settings: SweepSettings, ms: float, run_dir: Path
+    cluster: Cluster, spec: RunSpec, settings: SweepSettings, ms: float, round_: int, run_dir: Path
 ) -> ConfigRun:
     from ddp.parity import check_logs
 
     started = time.monotonic()
-    results = _exec_all(cluster, spec, settings, ms)
-    dest = run_dir / "logs" / ms_tag(ms)
-    cluster.collect(dest, paths=(f"{SWEEP_DIR}/{ms_tag(ms)}/{spec.name}",))
-    log_dir = dest / spec.name
+    results = _exec_all(cluster, spec, settings, ms, round_)
+    name = run_name(spec, ms, round_)
+    # collect() also saves each container's own output (nodeN.log: the idle sleep's, empty).
+    cluster.collect(run_dir / "logs", paths=(f"{SWEEP_DIR}/{name}",))
+    log_dir = run_dir / "logs" / name
     log_dir.mkdir(parents=True, exist_ok=True)
     for rank, (_, out) in results.items():
         (log_dir / f"rank{rank}.out").write_text(out)
@@ -164,8 +170,8 @@ def _run_config(
         if code not in (0, 1) or logs.get(rank, {}).get("end") is None:
             hint = " (killed by --timeout)" if code in (124, 137) else ""
             raise NodeFailed(
-                f"{spec.label} at {ms:g} ms: rank {rank} exited with code {code}{hint} "
-                f"before finishing; its last lines:\n{_tail(out)}\n"
+                f"{spec.label} at {ms:g} ms (round {round_}): rank {rank} exited with code "
+                f"{code}{hint} before finishing; its last lines:\n{_tail(out)}\n"
                 f"(all output in {log_dir}/; if the image is stale, `python -m lab image`)"
             )
     stats = summarize_config(log_dir, settings.warmup)
@@ -178,7 +184,7 @@ def _run_config(
         median_step_ms=stats.median_step_ms, median_comm_ms=stats.median_comm_ms,
         steps_measured=stats.steps_measured, parity=parity,
     )  # fmt: skip
-    return ConfigRun(spec, ms, log_dir, row, codes, time.monotonic() - started)
+    return ConfigRun(spec, ms, round_, log_dir, row, codes, time.monotonic() - started)
 
 
 @contextlib.contextmanager
@@ -203,7 +209,7 @@ def run_sweep(
     """Start the nodes, shape and verify each delay, run every configuration, collect the logs
     into ``runs_dir/<run-id>/logs/<delay>/<configuration>/``; always remove the containers."""
     plan = plan_sweep(settings)
-    total = len(plan) * len(settings.ms)
+    total = len(plan) * len(settings.ms) * settings.rounds
     # Bounds everything the run leaves running in the nodes, should lab itself die.
     lifetime_s = total * (settings.config_timeout_s + 60) + 600
     client = connect(timeout_s=settings.config_timeout_s + 60)  # silent ranks: long exec reads
@@ -213,8 +219,8 @@ def run_sweep(
     started = time.monotonic()
     echo(
         f"run {cluster.run_id}: {settings.nodes} nodes, model {settings.model}, {len(plan)} "
-        f"configurations x {settings.steps} steps at {', '.join(f'{m:g}' for m in settings.ms)}"
-        f" ms; output in {result.run_dir}/"
+        f"configurations x {settings.rounds} rounds x {settings.steps} steps at "
+        f"{', '.join(f'{m:g}' for m in settings.ms)} ms; output in {result.run_dir}/"
     )
     try:
         cluster.start(command=["sleep", f"{lifetime_s:.0f}"])
@@ -225,12 +231,13 @@ def run_sweep(
                     echo(link.note)
                 echo(link.line)
                 result.links.append(link)
-                for spec in plan:
-                    run = _run_config(cluster, spec, settings, ms, result.run_dir)
-                    result.runs.append(run)
-                    done += 1
-                    if on_config:
-                        on_config(run, done, total)
+                for round_ in range(1, settings.rounds + 1):
+                    for spec in plan:
+                        run = _run_config(cluster, spec, settings, ms, round_, result.run_dir)
+                        result.runs.append(run)
+                        done += 1
+                        if on_config:
+                            on_config(run, done, total)
     finally:
         removed = cluster.remove()
         result.seconds = time.monotonic() - started
@@ -243,9 +250,31 @@ def describe(run: ConfigRun, done: int, total: int) -> str:
     r = run.row
     parity = "" if r.parity is None else f"  parity {'holds' if r.parity else 'BROKEN'}"
     return (
-        f"[{done:>2}/{total}] {r.ms:g} ms  {r.config:<27} {r.calls:>3} allreduce/step  "
-        f"median step {r.median_step_ms:8.1f} ms{parity}  ({run.seconds:.0f} s)"
+        f"[{done:>2}/{total}] {r.ms:g} ms round {run.round}  {r.config:<27} {r.calls:>3} "
+        f"allreduce/step  median step {r.median_step_ms:8.1f} ms{parity}  ({run.seconds:.0f} s)"
     )
+
+
+def combine_rounds(runs: Sequence[ConfigRun], warmup: int) -> list[Row]:
+    """One row per (delay, configuration): steps pooled over its rounds, parity in all."""
+    groups: dict[tuple[float, str], list[ConfigRun]] = {}
+    for run in runs:
+        groups.setdefault((run.ms, run.spec.name), []).append(run)
+    rows = []
+    for group in groups.values():
+        stats = summarize_config([run.log_dir for run in group], warmup)
+        parities = [run.row.parity for run in group]
+        rows.append(
+            dataclasses.replace(
+                group[0].row,
+                calls=stats.calls,
+                median_step_ms=stats.median_step_ms,
+                median_comm_ms=stats.median_comm_ms,
+                steps_measured=stats.steps_measured,
+                parity=None if None in parities else all(parities),
+            )
+        )
+    return rows
 
 
 def default_timeline_cap(rows: Sequence[Row], ms: float) -> float | None:
@@ -269,7 +298,7 @@ def write_outputs(result: SweepResult, settings: SweepSettings) -> Outputs:
     """CSV, JSON, the sweep plot, and at the largest delay a Chrome trace of every allreduce
     configuration's representative step and a Gantt chart of the timeline cap, overlap on/off."""
     run_dir = result.run_dir
-    rows = report.derive_rows([run.row for run in result.runs])
+    rows = report.derive_rows(combine_rounds(result.runs, settings.warmup))
     delays = list(dict.fromkeys(r.ms for r in rows))
     headlines = [report.headline(rows, ms) for ms in delays]
     files = [run_dir / "latency.csv", run_dir / "latency.png"]
@@ -280,7 +309,7 @@ def write_outputs(result: SweepResult, settings: SweepSettings) -> Outputs:
     cap = settings.timeline_cap
     if cap is None and ms is not None:
         cap = default_timeline_cap(rows, ms)
-    traced = [run for run in result.runs if run.ms == ms and not run.spec.is_floor]
+    traced = [r for r in result.runs if r.ms == ms and r.round == 1 and not r.spec.is_floor]
     steps = {}
     if traced:
         lines = []
@@ -306,9 +335,15 @@ def write_outputs(result: SweepResult, settings: SweepSettings) -> Outputs:
             "settings": {**asdict(settings), "ms": list(settings.ms), "caps": list(settings.caps)},
             "links": [asdict(link) for link in result.links],
             "timeline": {"ms": ms, "cap_mb": cap, "steps": steps},
-            "exit_codes": {
-                f"{ms_tag(run.ms)}/{run.spec.name}": run.exit_codes for run in result.runs
-            },
+            "runs": [
+                {
+                    "name": run_name(run.spec, run.ms, run.round),
+                    "seconds": round(run.seconds, 1),
+                    "exit_codes": run.exit_codes,
+                    "median_step_ms": run.row.median_step_ms,
+                }
+                for run in result.runs
+            ],
             "seconds": round(result.seconds, 1),
             "files": [f.name for f in files],
         },

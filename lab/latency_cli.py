@@ -107,6 +107,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=_DEFAULTS.warmup,
         help="first steps left out of the medians (gloo connection set-up) (default 2)",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=_DEFAULTS.rounds,
+        help="run the whole plan this often, interleaved, and pool the steps: drift of the "
+        "host's load then hits every configuration alike (default %(default)s)",
+    )
     p.add_argument("--nodes", type=int, default=_DEFAULTS.nodes, help="containers (default 4)")
     p.add_argument("--model", choices=MODELS, default=_DEFAULTS.model, help="default deep")
     p.add_argument(
@@ -143,6 +150,7 @@ def settings_from_args(args: argparse.Namespace) -> SweepSettings:
         caps=tuple(args.caps),
         steps=args.steps,
         warmup=args.warmup,
+        rounds=args.rounds,
         nodes=args.nodes,
         model=args.model,
         batch_size=args.batch_size,

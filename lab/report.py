@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,37 +91,45 @@ class ConfigStats:
     steps_measured: int
 
 
-def summarize_config(log_dir: Path, warmup: int) -> ConfigStats:
-    """Statistics of one collected configuration; ValueError if its logs cannot give them."""
-    ranks = load_rank_logs(log_dir)
-    if not ranks:
-        raise ValueError(f"no rank*.jsonl logs in {log_dir}")
-    configs = [r["config"] for r in ranks.values()]
-    if any(c is None for c in configs):
-        raise ValueError(f"{log_dir}: a rank log has no config record")
-    if any("num_buckets" not in c for c in configs):
-        raise ValueError(
-            f"{log_dir}: config records have no num_buckets; the image runs an older ddp, "
-            "rebuild it with `python -m lab image`"
-        )
-    by_step: dict[int, list[dict]] = {}
-    for entry in ranks.values():
-        for record in entry["steps"]:
-            by_step.setdefault(record["step"], []).append(record)
-    world = len(ranks)
-    measured = sorted(s for s, recs in by_step.items() if s > warmup and len(recs) == world)
-    if not measured:
-        raise ValueError(
-            f"{log_dir}: no step after the {warmup} warm-up steps was logged by all "
-            f"{world} ranks; run more --steps"
-        )
-    step_ms = [max(r["step_ms"] for r in by_step[s]) for s in measured]
-    comm_ms = [max(r["comm_ms"] for r in by_step[s]) for s in measured]
+def summarize_config(log_dirs: str | Path | Sequence[Path], warmup: int) -> ConfigStats:
+    """Statistics of one configuration, pooled over its runs (rounds) in ``log_dirs``; each
+    run's first ``warmup`` steps are left out. ValueError if the logs cannot give them."""
+    dirs = [Path(log_dirs)] if isinstance(log_dirs, str | Path) else [Path(d) for d in log_dirs]
+    calls: set[int] = set()
+    step_ms: list[float] = []
+    comm_ms: list[float] = []
+    for log_dir in dirs:
+        ranks = load_rank_logs(log_dir)
+        if not ranks:
+            raise ValueError(f"no rank*.jsonl logs in {log_dir}")
+        configs = [r["config"] for r in ranks.values()]
+        if any(c is None for c in configs):
+            raise ValueError(f"{log_dir}: a rank log has no config record")
+        if any("num_buckets" not in c for c in configs):
+            raise ValueError(
+                f"{log_dir}: config records have no num_buckets; the image runs an older ddp, "
+                "rebuild it with `python -m lab image`"
+            )
+        calls.update(int(c["num_buckets"]) for c in configs)
+        by_step: dict[int, list[dict]] = {}
+        for entry in ranks.values():
+            for record in entry["steps"]:
+                by_step.setdefault(record["step"], []).append(record)
+        world = len(ranks)
+        measured = sorted(s for s, recs in by_step.items() if s > warmup and len(recs) == world)
+        if not measured:
+            raise ValueError(
+                f"{log_dir}: no step after the {warmup} warm-up steps was logged by all "
+                f"{world} ranks; run more --steps"
+            )
+        step_ms += [max(r["step_ms"] for r in by_step[s]) for s in measured]
+        comm_ms += [max(r["comm_ms"] for r in by_step[s]) for s in measured]
+    assert len(calls) == 1, f"runs of one configuration disagree on allreduce calls: {calls}"
     return ConfigStats(
-        calls=int(configs[0]["num_buckets"]),
+        calls=calls.pop(),
         median_step_ms=statistics.median(step_ms),
         median_comm_ms=statistics.median(comm_ms),
-        steps_measured=len(measured),
+        steps_measured=len(step_ms),
     )
 
 

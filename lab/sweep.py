@@ -22,11 +22,12 @@ __all__ = [
     "ms_tag",
     "plan_sweep",
     "rank_command",
+    "run_name",
 ]
 
 DEFAULT_CAPS = (0.0, 0.25, 1.0, 4.0, 25.0)
 SHAPERS = ("auto", "netem", "nfqueue")
-SWEEP_DIR = f"{MOUNT}/latency"  # <delay>/<configuration>/rank<R>.jsonl in the shared volume
+SWEEP_DIR = f"{MOUNT}/latency"  # <run name>/rank<R>.jsonl in the shared volume
 
 
 def _finite(name: str, value: float, minimum: float) -> None:
@@ -46,6 +47,7 @@ class SweepSettings:
     caps: tuple[float, ...] = DEFAULT_CAPS  # MB; 0 = one allreduce per parameter tensor
     steps: int = 20
     warmup: int = 2  # first steps include gloo's connection set-up: not measured
+    rounds: int = 2  # the whole plan runs this often, interleaved: load drift hits all alike
     nodes: int = 4
     model: str = "deep"
     batch_size: int = 64
@@ -77,6 +79,8 @@ class SweepSettings:
                 f"--steps must exceed the {self.warmup} warm-up steps (which include gloo's "
                 f"connection set-up), got --steps {self.steps}"
             )
+        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
+            raise ValueError(f"--rounds must be an integer >= 1, got {self.rounds!r}")
         if self.nodes < 2:
             raise ValueError(f"--nodes must be >= 2 (a link needs two ends), got {self.nodes}")
         if self.timeline_cap is not None and self.timeline_cap not in self.caps:
@@ -146,19 +150,25 @@ def ms_tag(ms: float) -> str:
     return f"{ms:g}ms"
 
 
-def rank_command(spec: RunSpec, settings: SweepSettings, ms: float, rank: int) -> list[str]:
+def run_name(spec: RunSpec, ms: float, round_: int = 1) -> str:
+    """The name of one run of a configuration: its log directory and rendezvous file."""
+    return f"{ms_tag(ms)}-{spec.name}-r{round_}"
+
+
+def rank_command(
+    spec: RunSpec, settings: SweepSettings, ms: float, rank: int, round_: int = 1
+) -> list[str]:
     """What one node runs for one configuration: a ``timeout``-bounded ``python -m ddp train``
     with a rendezvous file of its own (a stale one would fail ``connectFullMesh``)."""
-    where = f"{SWEEP_DIR}/{ms_tag(ms)}/{spec.name}"
-    # The rendezvous file must be in a directory that exists before any rank starts (the ranks
-    # create their log directory themselves): the volume's root is.
-    rendezvous = f"{MOUNT}/rendezvous-{ms_tag(ms)}-{spec.name}"
+    name = run_name(spec, ms, round_)
     return [
         "timeout", "-k", "10", f"{settings.config_timeout_s:g}",
         "python", "-m", "ddp", "train",
         "--rank", str(rank),
         "--world-size", str(settings.nodes),
-        "--init-method", f"file://{rendezvous}",
-        "--log-dir", where,
+        # In the volume's root, which exists before any rank starts (ranks make their log
+        # directory themselves, the rendezvous file's directory must already exist).
+        "--init-method", f"file://{MOUNT}/rendezvous-{name}",
+        "--log-dir", f"{SWEEP_DIR}/{name}",
         *spec.ddp_flags(settings),
     ]  # fmt: skip

@@ -14,8 +14,14 @@ from pathlib import Path
 import pytest
 
 from lab import cli, report, timeline
-from lab.latency import ConfigRun, SweepResult, default_timeline_cap, write_outputs
-from lab.sweep import RunSpec, SweepSettings, plan_sweep, rank_command
+from lab.latency import (
+    ConfigRun,
+    SweepResult,
+    combine_rounds,
+    default_timeline_cap,
+    write_outputs,
+)
+from lab.sweep import RunSpec, SweepSettings, plan_sweep, rank_command, run_name
 
 PNG = b"\x89PNG\r\n\x1a\n"
 HEADLINE = re.compile(
@@ -98,7 +104,11 @@ def test_rank_commands_share_everything_but_cap_overlap_and_sync():
     rendezvous = {value(c, "--init-method") for c in cmds.values()}
     rendezvous.add(value(rank_command(on, settings, 1.0, 2), "--init-method"))
     assert len(rendezvous) == 4
-    assert value(cmds["cap0-overlap"], "--log-dir").endswith("/5ms/cap0-overlap")
+    assert value(cmds["cap0-overlap"], "--log-dir").endswith("/5ms-cap0-overlap-r1")
+    # ... and per round.
+    assert value(rank_command(on, settings, 5.0, 2, round_=2), "--init-method").endswith(
+        "/rendezvous-5ms-cap0-overlap-r2"
+    )
 
 
 @pytest.mark.parametrize(
@@ -111,6 +121,7 @@ def test_rank_commands_share_everything_but_cap_overlap_and_sync():
         ({"caps": (1.0, 1.0)}, "--caps values repeat"),
         ({"steps": 2}, "--steps must exceed the 2 warm-up steps"),
         ({"nodes": 1}, "--nodes must be >= 2"),
+        ({"rounds": 0}, "--rounds must be an integer >= 1"),
         ({"timeline_cap": 3.0}, "--timeline-cap 3 is not one of --caps"),
         ({"shaper": "tc"}, "--shaper must be one of"),
         ({"rate_mbit": 0.0}, "--rate-mbit must be > 0"),
@@ -131,6 +142,7 @@ def test_settings_name_the_bad_value(kwargs, message):
         (["--timeline-cap", "3"], "--timeline-cap 3 is not one of --caps"),
         (["--shaper", "tc"], "invalid choice"),
         (["--rate-mbit", "0"], "must be a finite number > 0"),
+        (["--rounds", "0"], "--rounds must be an integer >= 1"),
     ],
 )
 def test_cli_rejects_bad_arguments_before_any_docker_call(argv, message, capsys):
@@ -180,6 +192,25 @@ def test_summary_errors_say_what_to_do(tmp_path):
         path.write_text(path.read_text().replace('"num_buckets"', '"buckets"'))
     with pytest.raises(ValueError, match="rebuild it with `python -m lab image`"):
         report.summarize_config(old, warmup=2)
+
+
+def test_rounds_pool_their_measured_steps(tmp_path):
+    a = write_logs(tmp_path / "r1", steps=5, step_ms=lambda r, s: 10.0 + r)  # 13 x 3 steps
+    b = write_logs(tmp_path / "r2", steps=5, step_ms=lambda r, s: 30.0 + r)  # 33 x 3 steps
+    c = write_logs(tmp_path / "r3", steps=4, step_ms=lambda r, s: 20.0 + r)  # 23 x 2 steps
+    stats = report.summarize_config([a, b, c], warmup=2)
+    assert stats.steps_measured == 8
+    assert stats.median_step_ms == 23.0
+    settings = SweepSettings(caps=(1,), steps=5)
+    spec = plan_sweep(settings)[1]
+    runs = [
+        ConfigRun(spec, 5.0, i + 1, d,
+                  report.Row(5.0, spec.label, 1, True, 3, 0.0, 0.0, 0, parity), {}, 1.0)
+        for i, (d, parity) in enumerate([(a, True), (b, False), (c, True)])
+    ]  # fmt: skip
+    (combined,) = combine_rounds(runs, warmup=2)
+    assert (combined.median_step_ms, combined.steps_measured) == (23.0, 8)
+    assert combined.parity is False  # broken in any round is broken
 
 
 def test_derived_columns_and_headline():
@@ -306,12 +337,12 @@ def test_gantt_png(tmp_path):
 
 
 def test_write_outputs_from_collected_logs(tmp_path):
-    settings = SweepSettings(caps=(0, 1), steps=6)
+    settings = SweepSettings(caps=(0, 1), steps=6, rounds=2)
     result = SweepResult("r1", tmp_path)
-    for spec in plan_sweep(settings):
+    for spec, round_ in [(s, k) for k in (1, 2) for s in plan_sweep(settings)]:
         per_call = 30.0 * (24 if spec.cap_mb == 0 else 4) if spec.cap_mb is not None else 0.0
         d = write_logs(
-            tmp_path / "logs" / "5ms" / spec.name,
+            tmp_path / "logs" / run_name(spec, 5.0, round_),
             buckets=24 if spec.cap_mb == 0 else 4,
             sync="none" if spec.is_floor else "allreduce",
             parity=not spec.is_floor,
@@ -321,7 +352,7 @@ def test_write_outputs_from_collected_logs(tmp_path):
         r = report.Row(5.0, spec.label, spec.cap_mb, spec.overlap, stats.calls,
                        stats.median_step_ms, stats.median_comm_ms, stats.steps_measured,
                        None if spec.is_floor else True)  # fmt: skip
-        result.runs.append(ConfigRun(spec, 5.0, d, r, {0: 0}, 1.0))
+        result.runs.append(ConfigRun(spec, 5.0, round_, d, r, {0: 0}, 1.0))
     out = write_outputs(result, settings)
     assert [f.name for f in out.files] == [
         "latency.csv", "latency.png", "trace.json", "gantt.png", "latency.json"
@@ -331,6 +362,8 @@ def test_write_outputs_from_collected_logs(tmp_path):
     assert doc["timeline"]["cap_mb"] == 1.0
     assert doc["headline"][0]["bucketing_speedup"] == pytest.approx(743 / 143)  # slowest +3
     assert HEADLINE.match(report.headline_line(out.headlines[0]))
+    assert len(doc["rows"]) == 5 and doc["rows"][1]["steps_measured"] == 8  # 2 rounds x 4
+    assert len(doc["runs"]) == 10
     trace = json.loads((tmp_path / "trace.json").read_text())
     assert len({e["pid"] for e in trace["traceEvents"]}) == 4  # every allreduce configuration
 

@@ -49,7 +49,7 @@ def _leftovers(client, run_id):
 @pytest.mark.timeout(600)
 def test_latency_small_sweep_end_to_end(client, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "lab", "latency", "--ms", "5", "--caps", "0,1", "--steps", "5",
+        [sys.executable, "-m", "lab", "latency", "--ms", "5", "--caps", "0,1", "--steps", "5", "--rounds", "1",
          "--timeout", "200", "--runs-dir", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=560,
     )  # fmt: skip
@@ -87,4 +87,4 @@ def test_latency_small_sweep_end_to_end(client, tmp_path):
     assert {"backward", "allreduce bucket 0", "allreduce bucket 23"} <= names
     for png in ("latency.png", "gantt.png"):
         assert (run_dir / png).read_bytes()[:8] == PNG
-    assert len(list((run_dir / "logs" / "5ms").glob("*/rank*.jsonl"))) == 5 * 4
+    assert len(list((run_dir / "logs").glob("5ms-*-r1/rank*.jsonl"))) == 5 * 4
