@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import queue
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -27,120 +24,27 @@ import requests.exceptions
 
 from lab.cluster import Cluster, NodeHandle
 from lab.engine import LabError, NodeFailed, RunTimeout, connect, require_image
+from lab.fault_phase import Echo, Phase
 from lab.fault_plan import (
-    PHASE_MARK,
     FaultPlan,
     partition_commands,
     phase_dir,
-    rank_command,
     shell_script,
 )
+from lab.fault_recovery import Recovery, compare_runs, read_run_records
 from lab.fault_report import (
     FaultReport,
     Injection,
-    Recovery,
     build_report,
-    compare_runs,
     is_setup_line,
     progress_step,
-    read_run_records,
 )
 from lab.specs import DEFAULT_IMAGE, resource_name
 from lab.topology import Topology, TrainSettings
-from lab.watch import parse_line
 
 __all__ = ["run_kill"]
 
 _GONE = (docker.errors.APIError, requests.exceptions.RequestException)
-Echo = Callable[[str], None]
-
-
-def _read_log(node: NodeHandle, since: int, out: queue.Queue) -> None:
-    """Put ``(host time, node, line)`` for every line of the container log; ``None`` at its end."""
-    try:
-        buffered = b""
-        for chunk in node.container.logs(stream=True, follow=True, since=since):
-            now = time.time()
-            buffered += chunk
-            *lines, buffered = buffered.split(b"\n")
-            for line in lines:
-                out.put((now, node.index, line.decode(errors="replace")))
-    except _GONE:
-        pass  # removed under us (cleanup)
-    finally:
-        out.put((time.time(), node.index, None))
-
-
-class _Phase:
-    """One phase: the launcher exec'd into every node, and everything its ranks printed."""
-
-    def __init__(self, cluster: Cluster, plan: FaultPlan, name: str, echo: Echo) -> None:
-        self.cluster, self.plan, self.name, self.echo = cluster, plan, name, echo
-        self.lines: list[tuple[float, int | None, str]] = []  # (host time, rank, text)
-        self.exits: dict[int, int] = {}
-        self.ended: set[int] = set()  # nodes whose log stream ended (container stopped)
-        self._begun: set[int] = set()  # nodes whose phase marker was seen
-        self._queue: queue.Queue = queue.Queue()
-        self.start = time.time()
-        for node in cluster.nodes:
-            # A second early: `since` is whole seconds; the marker drops older lines anyway.
-            args = (node, int(self.start) - 1, self._queue)
-            threading.Thread(target=_read_log, args=args, daemon=True).start()
-        for node in cluster.nodes:
-            node.container.exec_run(rank_command(plan, name, node.index), detach=True)
-
-    def poll(self, timeout_s: float = 0.2) -> tuple[float, int, str] | None:
-        """Handle one line (or stream end); return ``(time, rank, text)`` for rank lines."""
-        try:
-            t, index, line = self._queue.get(timeout=timeout_s)
-        except queue.Empty:
-            return None
-        if line is None:
-            self.ended.add(index)
-            code = _exit_code(self.cluster.nodes[index])
-            for rank in self.cluster.nodes[index].ranks:
-                self.exits.setdefault(rank, code)
-            return None
-        if index not in self._begun:
-            if line.strip() == f"{PHASE_MARK}{self.name}":
-                self._begun.add(index)
-            return None  # an earlier phase's output
-        _, rank, text = parse_line(line)
-        self.echo(
-            f"[{self.name}] {line}" if rank is not None else f"[{self.name}] [node{index}] {line}"
-        )
-        self.lines.append((t, rank, text))
-        if rank is None:
-            return None
-        if text.startswith("exit "):
-            with contextlib.suppress(ValueError):
-                self.exits[rank] = int(text.split()[1])
-        return t, rank, text
-
-    def wait_exits(self, ranks: list[int], timeout_s: float) -> list[int]:
-        """Wait for ``ranks`` to exit; returns the ones still running at the deadline."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(r not in self.exits for r in ranks):
-            self.poll()
-        return [r for r in ranks if r not in self.exits]
-
-    def last_lines(self, rank: int, n: int = 5) -> str:
-        mine = [text for _, r, text in self.lines if r == rank][-n:]
-        return "\n".join(f"    {x}" for x in mine) or "    (no output)"
-
-    def write_output(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w") as f:
-            for t, rank, text in self.lines:
-                who = "lab" if rank is None else f"rank{rank}"
-                f.write(f"{t - self.start:+9.3f} s  [{who}] {text}\n")
-
-
-def _exit_code(node: NodeHandle) -> int:
-    try:
-        return int(node.container.wait(timeout=30)["StatusCode"])
-    except _GONE:
-        return -1
 
 
 def _ip(cluster: Cluster, node: NodeHandle) -> str:
@@ -151,15 +55,15 @@ def _ip(cluster: Cluster, node: NodeHandle) -> str:
 
 
 def _run_undisturbed(
-    cluster: Cluster, plan: FaultPlan, name: str, echo: Echo, phases: dict[str, _Phase]
-) -> _Phase:
+    cluster: Cluster, plan: FaultPlan, name: str, echo: Echo, phases: dict[str, Phase]
+) -> Phase:
     """Run a phase to its end; every rank must exit 0 (parity holds)."""
     echo(
         f"== {name}: {plan.steps} steps"
         + (", from the newest checkpoint" if name == "resume" else "")
         + f" (logs in {phase_dir(name)}/logs)"
     )
-    phase = phases[name] = _Phase(cluster, plan, name, echo)
+    phase = phases[name] = Phase(cluster, plan, name, echo)
     ranks = list(range(plan.world_size))
     running = phase.wait_exits(ranks, plan.run_deadline_s())
     if running:
@@ -246,15 +150,15 @@ class _Injector:
 
 
 def _run_fault(
-    cluster: Cluster, plan: FaultPlan, injector: _Injector, echo: Echo, phases: dict[str, _Phase]
-) -> tuple[_Phase, Injection | None, list[str]]:
+    cluster: Cluster, plan: FaultPlan, injector: _Injector, echo: Echo, phases: dict[str, Phase]
+) -> tuple[Phase, Injection | None, list[str]]:
     injector.prepare()
     prev = plan.at_step - 1
     echo(
         f"== fault: {plan.mode} rank {plan.rank} (node{plan.rank}) as soon as it reports step "
         f"{prev} done, so the fault lands in step {plan.at_step}"
     )
-    phase = phases["fault"] = _Phase(cluster, plan, "fault", echo)
+    phase = phases["fault"] = Phase(cluster, plan, "fault", echo)
     reach_s = plan.run_deadline_s(prev)
     deadline = time.monotonic() + reach_s
     injection = None
@@ -336,7 +240,7 @@ def run_kill(
         f"output in {run_dir}/"
     )
     injector: _Injector | None = None
-    phases: dict[str, _Phase] = {}
+    phases: dict[str, Phase] = {}
     summary: dict = {"run_id": cluster.run_id, "plan": asdict(plan), "image": image}
     report: FaultReport | None = None
     recovery: Recovery | None = None

@@ -21,14 +21,8 @@ from lab.fault_plan import (
     rank_command,
     shell_script,
 )
-from lab.fault_report import (
-    Injection,
-    build_report,
-    compare_runs,
-    is_setup_line,
-    progress_step,
-    read_run_records,
-)
+from lab.fault_recovery import compare_runs, read_run_records
+from lab.fault_report import Injection, build_report, is_setup_line, progress_step
 
 
 def _error(argv, capsys) -> str:
