@@ -14,7 +14,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import docker.errors
@@ -30,18 +30,18 @@ _GONE = (docker.errors.APIError, requests.exceptions.RequestException)
 Echo = Callable[[str], None]
 
 
-def _read_log(node: NodeHandle, since: int, out: queue.Queue) -> None:
+def _read_log(node: NodeHandle, stream: Iterator[bytes], out: queue.Queue) -> None:
     """Put ``(host time, node, line)`` for every line of the container log; ``None`` at its end."""
     try:
         buffered = b""
-        for chunk in node.container.logs(stream=True, follow=True, since=since):
+        for chunk in stream:
             now = time.time()
             buffered += chunk
             *lines, buffered = buffered.split(b"\n")
             for line in lines:
                 out.put((now, node.index, line.decode(errors="replace")))
-    except _GONE:
-        pass  # removed under us (cleanup)
+    except Exception:
+        pass  # removed under us, or closed by Phase.close(): either way the stream ended
     finally:
         out.put((time.time(), node.index, None))
 
@@ -56,9 +56,12 @@ class Phase:
         self._begun: set[int] = set()  # nodes whose phase marker was seen
         self._queue: queue.Queue = queue.Queue()
         self.start = time.time()
+        self._streams = []
         for node in cluster.nodes:
             # A second early: `since` is whole seconds; the marker drops older lines anyway.
-            args = (node, int(self.start) - 1, self._queue)
+            stream = node.container.logs(stream=True, follow=True, since=int(self.start) - 1)
+            self._streams.append(stream)
+            args = (node, stream, self._queue)
             threading.Thread(target=_read_log, args=args, daemon=True).start()
         for node in cluster.nodes:
             node.container.exec_run(rank_command(plan, name, node.index), detach=True)
@@ -96,6 +99,12 @@ class Phase:
         while time.monotonic() < deadline and any(r not in self.exits for r in ranks):
             self.poll()
         return [r for r in ranks if r not in self.exits]
+
+    def close(self) -> None:
+        """Stop following the container logs (the containers live on into the next phase)."""
+        for stream in self._streams:
+            with contextlib.suppress(Exception):
+                stream.close()  # type: ignore[attr-defined]
 
     def last_lines(self, rank: int, n: int = 5) -> str:
         mine = [text for _, r, text in self.lines if r == rank][-n:]

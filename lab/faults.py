@@ -79,6 +79,7 @@ def _run_undisturbed(
             f"{name} run failed: exit codes {dict(sorted(phase.exits.items()))}; rank {rank}'s "
             f"last lines:\n{phase.last_lines(rank, 12)}"
         )
+    phase.close()
     return phase
 
 
@@ -196,6 +197,7 @@ def _run_fault(
         notes.append(released)
         if plan.mode == "pause":
             phase.wait_exits([plan.rank], 30)  # the stream of the killed container ends
+    phase.close()
     return phase, injection, notes
 
 
