@@ -49,8 +49,8 @@ def _leftovers(client, run_id):
 @pytest.mark.timeout(600)
 def test_latency_small_sweep_end_to_end(client, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "lab", "latency", "--ms", "5", "--caps", "0,1", "--steps", "5", "--rounds", "1",
-         "--timeout", "200", "--runs-dir", str(tmp_path)],
+        [sys.executable, "-m", "lab", "latency", "--ms", "5", "--caps", "0,1", "--steps", "5",
+         "--rounds", "1", "--timeout", "200", "--runs-dir", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=560,
     )  # fmt: skip
     out = proc.stdout
