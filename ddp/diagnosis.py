@@ -39,6 +39,8 @@ class Diagnosis:
     without_dump: list[int] = field(default_factory=list)  # ranks that wrote no dump
     waiting: list[int] = field(default_factory=list)  # ranks still blocked in the stuck
     # collective when asked to dump (reason "requested"): alive, arrived, not yet failed
+    late: list[int] = field(default_factory=list)  # alive (answered a dump request) but not
+    # yet at the stuck collective when asked: slow, not gone
 
     def summary(self) -> str:
         """One line, e.g. `rank 2 missing at step 5 (allreduce of bucket 3, seq 41);
@@ -65,6 +67,8 @@ class Diagnosis:
             head += f"; {_ranks(sorted(self.noticed))} noticed after {span} s"
         if self.waiting:
             head += f"; {_ranks(self.waiting)} still waiting"
+        if self.late:
+            head += f"; {_ranks(self.late)} alive but not there yet"
         return head
 
 
@@ -105,11 +109,11 @@ def diagnose(dumps: dict[int, dict], world_size: int) -> Diagnosis:
     seq = min(stuck)
     arrived = dict(pending[seq])  # rank -> its record of the stuck collective
     first = arrived[min(arrived)]
-    missing = [
-        r
-        for r in range(world_size)
-        if r not in arrived and (r not in dumps or dumps[r]["last_started_seq"] < seq)
-    ]
+    behind = [r for r in range(world_size) if r not in arrived]
+    # A rank that answered a dump request is alive: if it has not reached the stuck
+    # collective yet it is late (e.g. still writing a checkpoint), not missing.
+    late = [r for r in behind if r in dumps and dumps[r].get("reason") == "requested"]
+    missing = [r for r in behind if r not in late]
     noticed, waiting = {}, []
     for rank, rec in sorted(arrived.items()):
         if rec.get("state") == "failed" and rec.get("end"):
@@ -127,6 +131,7 @@ def diagnose(dumps: dict[int, dict], world_size: int) -> Diagnosis:
         noticed=noticed,
         without_dump=without_dump,
         waiting=waiting,
+        late=late,
     )
 
 

@@ -234,10 +234,11 @@ def _train(
                 **extra,
             )
             rows.append(row)
-            log.info(row.format())
             every = cfg.checkpoint_every
             if every and (step % every == 0 or step == cfg.steps):
+                # Before the row: whoever sees step K reported may rely on checkpoint K.
                 _save(cfg, step, module, opt, ref)
+            log.info(row.format())
 
     holds = torch.zeros(1, dtype=torch.int64)
     if rank == 0:

@@ -114,6 +114,16 @@ def test_rank_answering_a_dump_request_is_waiting_not_missing():
     assert diagnose(dumps, world_size=4).missing_ranks == [0, 2]
 
 
+def test_alive_rank_not_yet_at_the_stuck_collective_is_late_not_missing():
+    # Rank 0 was still busy (writing a checkpoint) one collective earlier when asked to dump.
+    recs = _simulate(4, 6, stops={2: 5, 0: 5, 1: 6, 3: 6})
+    dumps = {0: recs[0].snapshot("requested"), 1: recs[1].snapshot("error")}
+    dumps[3] = recs[3].snapshot("error")
+    d = diagnose(dumps, world_size=4)
+    assert d.missing_ranks == [2] and d.late == [0]
+    assert d.summary().endswith("; rank 0 alive but not there yet")
+
+
 def test_ring_wrap_does_not_make_a_rank_missing():
     # Rank 1's small buffer no longer holds anything near the stuck seq of the others.
     recs = _simulate(2, 30, stops={1: 29, 0: 30})
