@@ -6,7 +6,9 @@ link delay, :func:`lab.shaping.apply.shaped` delays every packet between them an
 round trip, and every configuration runs as ``python -m ddp train`` exec'd into each node with
 its own rendezvous file and log directory. Configurations differ only in bucket cap, overlap and
 sync mode: same model, seed, data and steps. The no-sync floor (no communication at all) runs
-first at each delay; it is what "exposed communication" is measured from.
+first in each round; it is what "exposed communication" is measured from. The whole plan runs
+``rounds`` times in a row and each configuration's steps are pooled, so a slow drift of the
+shared host's load does not favour whichever configuration ran in a quiet minute.
 """
 
 from __future__ import annotations
@@ -207,7 +209,8 @@ def run_sweep(
     on_config: Callable[[ConfigRun, int, int], None] | None = None,
 ) -> SweepResult:
     """Start the nodes, shape and verify each delay, run every configuration, collect the logs
-    into ``runs_dir/<run-id>/logs/<delay>/<configuration>/``; always remove the containers."""
+    into ``runs_dir/<run-id>/logs/<delay>-<configuration>-r<round>/``; always remove the
+    containers (also on errors and Ctrl-C)."""
     plan = plan_sweep(settings)
     total = len(plan) * len(settings.ms) * settings.rounds
     # Bounds everything the run leaves running in the nodes, should lab itself die.

@@ -34,7 +34,8 @@ _EPILOG = "\n".join(
         *(_wrap(t) for t in ("bucketing speedup", "overlap gain", "exposed communication")),
         "Files in runs/<run-id>/: latency.csv, latency.json, latency.png (step time vs bucket",
         "cap), trace.json (Chrome trace: open in https://ui.perfetto.dev or chrome://tracing),",
-        "gantt.png (one step, overlap on vs off), logs/<delay>/<configuration>/rank<R>.jsonl.",
+        "gantt.png (one step, overlap on vs off), and every rank's log and output in",
+        "logs/<delay>-<configuration>-r<round>/rank<R>.jsonl and .out.",
     ]
 )
 
