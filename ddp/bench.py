@@ -23,11 +23,14 @@ from torch import nn
 
 from ddp.config import Rendezvous
 from ddp.distributed import DistributedDataParallel
+from ddp.flight_recorder import FlightRecorder
 from ddp.launch import spawn_ranks
 
 __all__ = ["main"]
 
-VARIANTS = ("ours", "torch", "per-param", "no-sync")
+# "ours+rec": ours with the flight recorder attached, as `python -m ddp train` runs it: the price
+# of recording every collective and its true completion time.
+VARIANTS = ("ours", "torch", "per-param", "no-sync", "ours+rec")
 
 
 def _mlp(depth: int, width: int) -> nn.Module:
@@ -45,6 +48,9 @@ def _wrap(name: str, module: nn.Module) -> nn.Module:
         return nn.parallel.DistributedDataParallel(module)
     if name == "per-param":
         return DistributedDataParallel(module, bucket_cap_mb=0)
+    if name == "ours+rec":
+        recorder = FlightRecorder(dist.get_rank(), dist.get_world_size())
+        return DistributedDataParallel(module, flight_recorder=recorder)
     return module
 
 
@@ -78,11 +84,15 @@ def _rank(rdzv: Rendezvous, args: argparse.Namespace) -> dict[str, list[float]] 
         for _ in range(args.rounds):
             # Variants alternate step by step, so a burst of load hits neighbours alike.
             times = torch.zeros(len(steps), args.steps, dtype=torch.float64)
+            fns = list(steps.values())
             for i in range(args.steps):
-                for j, step in enumerate(steps.values()):
+                # Rotate who goes first: a variant that follows a big-batch one finds the
+                # caches cold, and a fixed order would charge that to the same variant always.
+                for k in range(len(fns)):
+                    j = (i + k) % len(fns)
                     dist.barrier()  # start together: a step is as slow as its slowest rank
                     t0 = time.perf_counter()
-                    step()
+                    fns[j]()
                     times[j, i] = time.perf_counter() - t0
             dist.all_reduce(times, op=dist.ReduceOp.MAX)
             for j, key in enumerate(medians):

@@ -134,7 +134,8 @@ class Reducer:
     @property
     def last_timeline(self) -> dict[str, object]:
         """perf_counter() stamps of the last synchronised backward: when it ended, and each
-        bucket's (launch, completion) in launch order."""
+        bucket's (launch, completion) in launch order. Completion is when the allreduce really
+        finished if a flight recorder is attached, else when ``wait()`` returned."""
         return {
             "backward_end": self._backward_end_t,
             "buckets": list(zip(self._launch_t, self._done_t, strict=True)),
@@ -169,15 +170,16 @@ class Reducer:
             flags.zero_()
         self._expect_backward = True
         self._callback_queued = False
-        for i in unused:
-            # A parameter that took part in an earlier no_sync micro-step holds an accumulated
-            # gradient that must be reduced even though this last forward skipped it.
-            self._mark_ready(i, missing=not self._used_since_sync[i])
-        if all(self._ready):
-            # No parameter is left for backward to reach (none at all, or this rank's forward
-            # used none), so no hook will fire to queue the final callback: reduce now, or the
-            # other ranks would wait for this rank's buckets forever.
-            self._finalize()
+        with torch.no_grad():  # forward runs with grad mode on; the hooks below do not need it
+            for i in unused:
+                # A parameter that took part in an earlier no_sync micro-step holds an
+                # accumulated gradient that must be reduced though this last forward skipped it.
+                self._mark_ready(i, missing=not self._used_since_sync[i])
+            if all(self._ready):
+                # No parameter is left for backward to reach (none at all, or this rank's
+                # forward used none), so no hook will fire to queue the final callback: reduce
+                # now, or the other ranks would wait for this rank's buckets forever.
+                self._finalize()
 
     def _on_grad(self, i: int, param: torch.Tensor) -> None:
         if not self._expect_backward:
@@ -201,8 +203,9 @@ class Reducer:
             )
         self._mark_ready(i, missing=False)
 
-    @torch.no_grad()
     def _mark_ready(self, i: int, *, missing: bool) -> None:
+        # Called from backward hooks (grad mode is off there) or under no_grad: no decorator,
+        # its per-call cost is paid once per parameter per step.
         p, view = self._params[i], self._views[i]
         b, slot = self._where[i]
         grad = p.grad
@@ -245,9 +248,12 @@ class Reducer:
                 )
             self._launch_t[b] = time.perf_counter()
             work = dist.all_reduce(flat, group=self._pg, async_op=True)
-            # Runs on gloo's thread when the allreduce really finishes (not when we get
-            # around to waiting), so the timeline shows how much of it hid behind backward.
-            work.get_future().add_done_callback(functools.partial(self._on_done, b, seq))
+            if self.recorder is not None:
+                # Runs on gloo's thread when the allreduce really finishes (not when we get
+                # around to waiting), so the timeline shows how much of it hid behind
+                # backward. It needs the GIL on that thread, which can delay the next bucket
+                # by a little, so only instrumented runs pay for it.
+                work.get_future().add_done_callback(functools.partial(self._on_done, b, seq))
             self._works[b] = work
             self._next_launch += 1
 
@@ -265,19 +271,23 @@ class Reducer:
     def _finalize(self) -> None:
         self._backward_end_t = time.perf_counter()
         self._expect_backward = False
-        for i, ready in enumerate(self._ready):
-            if not ready:
-                # Never reached by backward. Its slot (zero + flag, or a gradient accumulated
-                # under no_sync) still has to travel with the bucket, or the other ranks would
-                # wait for this bucket forever.
-                self._mark_ready(i, missing=not self._used_since_sync[i])
+        if not all(self._ready):
+            with torch.no_grad():
+                for i, ready in enumerate(self._ready):
+                    if not ready:
+                        # Never reached by backward. Its slot (zero + flag, or a gradient
+                        # accumulated under no_sync) still has to travel with the bucket, or
+                        # the other ranks would wait for this bucket forever.
+                        self._mark_ready(i, missing=not self._used_since_sync[i])
         self._launch_in_order()
         assert self._next_launch == len(self._plan), "every bucket launched exactly once"
 
         t0 = time.perf_counter()
-        for work in self._works:
+        for b, work in enumerate(self._works):
             assert work is not None
             work.wait()
+            if self.recorder is None:  # uninstrumented: completion as observed here
+                self._done_t[b] = time.perf_counter()
         self.last_comm_wait_s = time.perf_counter() - t0
         # Drop the finished works: a Work kept alive into interpreter shutdown can be
         # destroyed from gloo's thread after Python is gone.
