@@ -68,3 +68,13 @@ def finish(procs: list[subprocess.Popen], timeout_s: float) -> list[str]:
             out = p.communicate(timeout=10)[0]
         outs.append(out)
     return outs
+
+
+def leftovers(client: Any, label: str) -> list[str]:
+    """Names of containers, networks and volumes carrying ``label`` (``key=value``)."""
+    selector = {"label": label}
+    return (
+        [c.name for c in client.containers.list(all=True, filters=selector)]
+        + [n.name for n in client.networks.list(filters=selector)]
+        + [v.name for v in client.volumes.list(filters=selector)]
+    )

@@ -12,42 +12,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import docker.errors
 import pytest
-import requests.exceptions
 
 from lab.cluster import Cluster
 from lab.engine import NodeFailed
-from lab.specs import DEFAULT_IMAGE, LABEL
+from lab.specs import LABEL
 from lab.topology import Topology, TrainSettings
 from lab.watch import watch
+from tests.helpers import leftovers
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def client():
-    try:
-        client = docker.from_env(timeout=60)
-        client.ping()
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-        pytest.skip(f"no Docker engine answers ({e})")
-    try:
-        client.images.get(DEFAULT_IMAGE)
-    except docker.errors.ImageNotFound:
-        pytest.skip(f"image {DEFAULT_IMAGE} missing: run python -m lab image --offline "
-                    "--base-image lab-base:offline")  # fmt: skip
-    return client
-
-
-def _leftovers(client, label):
-    selector = {"label": label}
-    return (
-        [c.name for c in client.containers.list(all=True, filters=selector)]
-        + [n.name for n in client.networks.list(filters=selector)]
-        + [v.name for v in client.volumes.list(filters=selector)]
-    )
 
 
 def _lab(*args, timeout=600):
@@ -62,7 +37,7 @@ def _lab_up(client, tmp_path, *args):
     m = re.search(r"^run (\S+):", proc.stdout, re.M)
     assert m, proc.stdout + proc.stderr
     run_id = m.group(1)
-    assert _leftovers(client, f"{LABEL}={run_id}") == []
+    assert leftovers(client, f"{LABEL}={run_id}") == []
     return proc, tmp_path / run_id
 
 
@@ -125,8 +100,8 @@ def test_a_killed_node_is_reported_and_everything_removed(client, tmp_path):
         with pytest.raises(NodeFailed, match="exited early") as err:
             watch(nodes, timeout_s=200, on_line=kill_node2_at_step_2, grace_s=5)
         assert "its last lines" in str(err.value)
-        assert len(_leftovers(client, label)) == 6  # still there until the cluster exits
-    assert _leftovers(client, label) == []
+        assert len(leftovers(client, label)) == 6  # still there until the cluster exits
+    assert leftovers(client, label) == []
 
 
 @pytest.mark.timeout(900)
@@ -150,4 +125,4 @@ def test_compose_up_reaches_parity(client):
         assert codes == {"init": 0, "node0": 0, "node1": 0, "node2": 0, "node3": 0}, codes
     finally:
         subprocess.run([*compose, "down", "-v"], capture_output=True, timeout=120)
-    assert _leftovers(client, f"com.docker.compose.project={project}") == []
+    assert leftovers(client, f"com.docker.compose.project={project}") == []

@@ -13,29 +13,13 @@ import sys
 import time
 from pathlib import Path
 
-import docker.errors
 import pytest
-import requests.exceptions
 
-from lab.specs import DEFAULT_IMAGE, LABEL
+from lab.specs import LABEL
+from tests.helpers import leftovers
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def client():
-    try:
-        client = docker.from_env(timeout=60)
-        client.ping()
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-        pytest.skip(f"no Docker engine answers ({e})")
-    try:
-        client.images.get(DEFAULT_IMAGE)
-    except docker.errors.ImageNotFound:
-        pytest.skip(f"image {DEFAULT_IMAGE} missing: run python -m lab image --offline "
-                    "--base-image lab-base:offline")  # fmt: skip
-    return client
 
 
 def _lab_kill(tmp_path, *args, timeout=900):
@@ -51,19 +35,10 @@ def _run_id(stdout: str) -> str:
     return first.split()[1].rstrip(":")
 
 
-def _leftovers(client, run_id):
-    selector = {"label": f"{LABEL}={run_id}"}
-    return (
-        [c.name for c in client.containers.list(all=True, filters=selector)]
-        + [n.name for n in client.networks.list(filters=selector)]
-        + [v.name for v in client.volumes.list(filters=selector)]
-    )
-
-
 def _check_run(client, tmp_path, result, rank):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     run_id = _run_id(result.stdout)
-    assert _leftovers(client, run_id) == []
+    assert leftovers(client, f"{LABEL}={run_id}") == []
     run_dir = tmp_path / run_id
     report = json.loads((run_dir / "report.json").read_text())
     assert report["ok"] is True
@@ -147,4 +122,4 @@ def test_ctrl_c_leaves_nothing_behind(client, tmp_path):
     rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, rest[-3000:]
     assert f"labelled lab.run={run_id}" in rest
-    assert _leftovers(client, run_id) == []
+    assert leftovers(client, f"{LABEL}={run_id}") == []

@@ -11,39 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import docker.errors
 import pytest
-import requests.exceptions
 
-from lab.specs import DEFAULT_IMAGE, LABEL
+from lab.specs import LABEL
+from tests.helpers import leftovers
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-def client():
-    try:
-        client = docker.from_env(timeout=60)
-        client.ping()
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-        pytest.skip(f"no Docker engine answers ({e})")
-    try:
-        client.images.get(DEFAULT_IMAGE)
-    except docker.errors.ImageNotFound:
-        pytest.skip(f"image {DEFAULT_IMAGE} missing: run python -m lab image --offline "
-                    "--base-image lab-base:offline")  # fmt: skip
-    return client
-
-
-def _leftovers(client, run_id):
-    selector = {"label": f"{LABEL}={run_id}"}
-    return (
-        [c.name for c in client.containers.list(all=True, filters=selector)]
-        + [n.name for n in client.networks.list(filters=selector)]
-        + [v.name for v in client.volumes.list(filters=selector)]
-    )
 
 
 @pytest.mark.timeout(600)
@@ -56,7 +31,7 @@ def test_latency_small_sweep_end_to_end(client, tmp_path):
     out = proc.stdout
     assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{proc.stderr}"
     run_id = re.search(r"^run (\S+):", out, re.M).group(1)
-    assert _leftovers(client, run_id) == []
+    assert leftovers(client, f"{LABEL}={run_id}") == []
 
     # The link was verified before anything was measured: asked vs measured round trip.
     rtt = re.search(r"asked 5 ms one-way \(round trip \+10 ms\).*round trip p50 ([\d.]+) ms", out)
