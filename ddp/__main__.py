@@ -95,6 +95,14 @@ def _add_training_flags(p: argparse.ArgumentParser) -> None:
         help="sleep this long in every step, standing in for a bigger model, so "
         "that progress and fault injection can be watched (default 0)",
     )
+    p.add_argument(
+        "--backward-delay-ms",
+        type=float,
+        default=0.0,
+        help="simulated accelerator compute: sleep this long per step inside backward, "
+        "spread over the parameters' gradients, so that overlapping allreduce with backward "
+        "can be seen on a CPU-bound host (default 0)",
+    )
 
 
 def _config(args: argparse.Namespace) -> TrainConfig:
@@ -113,6 +121,7 @@ def _config(args: argparse.Namespace) -> TrainConfig:
         checkpoint_dir=args.checkpoint_dir,
         resume=args.resume,
         step_delay_ms=args.step_delay_ms,
+        backward_delay_ms=args.backward_delay_ms,
     )
 
 

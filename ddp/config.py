@@ -38,6 +38,7 @@ class TrainConfig:
     checkpoint_dir: str | None = None  # default: <log_dir>/checkpoints
     resume: bool = False  # start from the newest complete checkpoint
     step_delay_ms: float = 0.0  # sleep per step: a stand-in for compute, to watch faults
+    backward_delay_ms: float = 0.0  # sleep spread over backward: simulated accelerator compute
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -51,8 +52,9 @@ class TrainConfig:
             raise ValueError(f"bucket_cap_mb must be >= 0, got {self.bucket_cap_mb}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
-        if not self.step_delay_ms >= 0:
-            raise ValueError(f"step_delay_ms must be >= 0, got {self.step_delay_ms}")
+        for name in ("step_delay_ms", "backward_delay_ms"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
         if (self.checkpoint_every or self.resume) and self.checkpoints is None:

@@ -129,6 +129,26 @@ def _save(
     save_checkpoint(cfg.checkpoints, step, state)
 
 
+def _simulate_backward_compute(module: nn.Module, total_ms: float) -> None:
+    """Make backward take ``total_ms`` longer, spread evenly over the parameters' gradients.
+
+    A stand-in for accelerator compute, which does not occupy the host's CPU: each gradient
+    hook sleeps (releasing the GIL) before the gradient is accumulated, so buckets still fill
+    one by one during backward and their allreduces can run behind the remaining "compute".
+    On a CPU-only host where 4 ranks share 2 cores, real backward compute competes with gloo
+    and the packet delayer for the same cores, and overlap cannot show.
+    """
+    params = [p for p in module.parameters() if p.requires_grad]
+    each_s = total_ms / 1e3 / max(1, len(params))
+
+    def compute(grad: torch.Tensor) -> torch.Tensor:
+        time.sleep(each_s)
+        return grad
+
+    for p in params:
+        p.register_hook(compute)
+
+
 def _train(
     cfg: TrainConfig, rank: int, world: int, jlog: JsonLog, recorder: FlightRecorder
 ) -> bool:
@@ -139,6 +159,8 @@ def _train(
     opt = sgd(module, cfg)
     ref = Reference(cfg, world, len(x)) if rank == 0 and cfg.reference else None
     start = _resume(cfg, module, opt, ref) if cfg.resume else 0
+    if cfg.backward_delay_ms:
+        _simulate_backward_compute(module, cfg.backward_delay_ms)
     if cfg.sync == "allreduce":
         model: nn.Module = DistributedDataParallel(
             module,

@@ -115,6 +115,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="run the whole plan this often, interleaved, and pool the steps: drift of the "
         "host's load then hits every configuration alike (default %(default)s)",
     )
+    p.add_argument(
+        "--backward-ms",
+        type=float,
+        default=_DEFAULTS.backward_ms,
+        help="simulated accelerator compute: ms of sleep per step spread over backward, which "
+        "leaves the CPU to gloo and the delayer; what overlap needs to hide communication "
+        "behind on a CPU-bound host (default %(default)g)",
+    )
     p.add_argument("--nodes", type=int, default=_DEFAULTS.nodes, help="containers (default 4)")
     p.add_argument("--model", choices=MODELS, default=_DEFAULTS.model, help="default deep")
     p.add_argument(
@@ -156,6 +164,7 @@ def settings_from_args(args: argparse.Namespace) -> SweepSettings:
         model=args.model,
         batch_size=args.batch_size,
         seed=args.seed,
+        backward_ms=args.backward_ms,
         timeline_cap=args.timeline_cap,
         config_timeout_s=args.timeout,
     )
@@ -174,12 +183,14 @@ def run(args: argparse.Namespace) -> int:
         on_config=lambda run, done, total: print(describe(run, done, total), flush=True),
     )
     out = write_outputs(result, settings)
-    print(report.format_table(out.rows, settings.rate_mbit))
+    print(report.format_table(out.rows, settings.rate_mbit, settings.backward_ms))
     names = ", ".join(f.name for f in out.files)
     print(f"sweep took {result.seconds:.0f} s; wrote {result.run_dir}/: {names}")
     broken = [r.config for r in out.rows if r.parity is False]
     if broken:
         print(f"parity BROKEN in: {'; '.join(broken)}")
+    for h in out.headlines:
+        print(report.overlap_by_cap_line(out.rows, h.ms))
     for h in out.headlines:
         print(report.headline_line(h))
     return 1 if broken else 0

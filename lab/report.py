@@ -28,6 +28,7 @@ __all__ = [
     "headline",
     "headline_line",
     "load_rank_logs",
+    "overlap_by_cap_line",
     "plot_sweep",
     "summarize_config",
     "write_csv",
@@ -217,6 +218,20 @@ def headline(rows: list[Row], ms: float) -> Headline:
     )
 
 
+def overlap_by_cap_line(rows: list[Row], ms: float) -> str:
+    """Overlap's gain at each cap (overlap-off step time / overlap-on), at latency ``ms``: the
+    headline compares the best of each side, this shows where overlap matters (small and
+    medium buckets, whose allreduces can start while backward still runs)."""
+    parts = []
+    for cap in dict.fromkeys(r.cap_mb for r in rows if r.ms == ms and not r.is_floor):
+        on = [r for r in rows if r.ms == ms and r.cap_mb == cap and r.overlap is True]
+        off = [r for r in rows if r.ms == ms and r.cap_mb == cap and r.overlap is False]
+        if on and off:
+            what = "per-parameter" if cap == 0 else f"{cap:g} MB"
+            parts.append(f"{what} {off[0].median_step_ms / on[0].median_step_ms:.2f}x")
+    return f"overlap gain per cap at {ms:g} ms: {', '.join(parts) or '-'}"
+
+
 def headline_line(h: Headline) -> str:
     """The command's last line, in the exact form the issue asks for."""
     return (
@@ -229,9 +244,11 @@ def _num(value: float, fmt: str) -> str:
     return "-" if value is None or math.isnan(value) else format(value, fmt)
 
 
-def format_table(rows: list[Row], rate_mbit: float | None = None) -> str:
+def format_table(rows: list[Row], rate_mbit: float | None = None, backward_ms: float = 0.0) -> str:
     """The console table, one block per latency value."""
     rate = f", rate {rate_mbit:g} Mbit/s" if rate_mbit else ""
+    if backward_ms:
+        rate += f", simulated backward compute {backward_ms:g} ms/step"
     header = (
         f"{'configuration':<28}{'allreduce/step':>15}{'median step ms':>16}"
         f"{'exposed comm ms':>17}{'speedup vs per-param':>22}  parity"

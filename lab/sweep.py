@@ -52,6 +52,10 @@ class SweepSettings:
     model: str = "deep"
     batch_size: int = 64
     seed: int = 0
+    # Simulated accelerator compute per step inside backward (sleep: leaves the CPU free).
+    # On this CPU-bound host the real backward is a few ms, far below one allreduce at 5 ms
+    # of link delay, so without it there is nothing for overlap to hide behind.
+    backward_ms: float = 0.0
     timeline_cap: float | None = None  # None: the fastest bucketed cap with overlap on
     config_timeout_s: float = 300.0
 
@@ -88,6 +92,7 @@ class SweepSettings:
                 f"--timeline-cap {self.timeline_cap:g} is not one of --caps "
                 f"{','.join(f'{c:g}' for c in self.caps)}"
             )
+        _finite("--backward-ms", self.backward_ms, 0.0)
         if self.model not in MODELS:
             raise ValueError(f"--model must be one of {', '.join(MODELS)}, got {self.model!r}")
         if not self.config_timeout_s > 0:
@@ -130,11 +135,18 @@ class RunSpec:
 
     def ddp_flags(self, settings: SweepSettings) -> list[str]:
         train = settings.topology().train
+        # The floor gets the simulated compute too: exposed communication stays step - floor.
+        compute = (
+            ["--backward-delay-ms", f"{settings.backward_ms:g}"] if settings.backward_ms else []
+        )
         if self.cap_mb is None:
-            return [*train.ddp_flags(), "--sync", "none"]
-        return dataclasses.replace(
-            train, bucket_cap_mb=self.cap_mb, overlap=bool(self.overlap)
-        ).ddp_flags()
+            return [*train.ddp_flags(), "--sync", "none", *compute]
+        return [
+            *dataclasses.replace(
+                train, bucket_cap_mb=self.cap_mb, overlap=bool(self.overlap)
+            ).ddp_flags(),
+            *compute,
+        ]
 
 
 def plan_sweep(settings: SweepSettings) -> list[RunSpec]:

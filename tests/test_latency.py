@@ -371,3 +371,30 @@ def test_write_outputs_from_collected_logs(tmp_path):
 def test_runspec_floor_has_no_cap():
     floor = RunSpec(None)
     assert floor.is_floor and floor.name == "nosync" and floor.label == "no sync (floor)"
+
+
+def test_overlap_gain_per_cap_line():
+    from lab.report import Row, overlap_by_cap_line
+
+    rows = [
+        Row(5.0, "floor", None, None, 0, 100.0, 0.0, 10, None),
+        Row(5.0, "pp on", 0.0, True, 24, 837.6, 1.0, 10, True),
+        Row(5.0, "pp off", 0.0, False, 24, 954.7, 1.0, 10, True),
+        Row(5.0, "1 on", 1.0, True, 4, 218.4, 1.0, 10, True),
+        Row(5.0, "1 off", 1.0, False, 4, 273.4, 1.0, 10, True),
+    ]
+    assert overlap_by_cap_line(rows, 5.0) == (
+        "overlap gain per cap at 5 ms: per-parameter 1.14x, 1 MB 1.25x"
+    )
+
+
+def test_simulated_backward_compute_reaches_every_configuration():
+    from lab.sweep import SweepSettings, plan_sweep
+
+    settings = SweepSettings(caps=(0.0, 1.0), backward_ms=120)
+    for spec in plan_sweep(settings):
+        flags = spec.ddp_flags(settings)
+        assert flags[flags.index("--backward-delay-ms") + 1] == "120"
+    assert "--backward-delay-ms" not in plan_sweep(SweepSettings())[1].ddp_flags(SweepSettings())
+    with pytest.raises(ValueError, match="--backward-ms"):
+        SweepSettings(backward_ms=-1)

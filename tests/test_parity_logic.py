@@ -18,6 +18,8 @@ from ddp.parity import StepRow, check_logs, table_row_step
         ({"model": "resnet"}, "model"),
         ({"sync": "gossip"}, "sync"),
         ({"timeout_s": 0}, "timeout_s"),
+        ({"backward_delay_ms": -1}, "backward_delay_ms"),
+        ({"checkpoint_every": 2}, "checkpoint-dir"),
     ],
 )
 def test_bad_config_names_the_value(kwargs, word):
