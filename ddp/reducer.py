@@ -108,17 +108,12 @@ class Reducer:
                         view.copy_(p.grad)
                         p.grad = view
 
-        self._ready = [False] * n
-        self._pending = [len(spec.indices) for spec in self._plan]
-        self._bucket_ready = [False] * len(self._plan)
-        self._next_launch = 0
-        self._works: list[dist.Work | None] = [None] * len(self._plan)
+        self._reset_iteration()
         # perf_counter() stamps of the last synchronised backward, for timelines
         self._launch_t = [0.0] * len(self._plan)
         self._done_t = [0.0] * len(self._plan)
         self._backward_end_t = 0.0
         self._expect_backward = False
-        self._callback_queued = False
         self._used_since_sync = [False] * n
         self._stash: dict[int, torch.Tensor] = {}
         self.last_comm_wait_s = 0.0
@@ -148,6 +143,14 @@ class Reducer:
 
     # ---- per iteration -------------------------------------------------------------------------
 
+    def _reset_iteration(self) -> None:
+        self._ready = [False] * len(self._params)
+        self._pending = [len(spec.indices) for spec in self._plan]
+        self._bucket_ready = [False] * len(self._plan)
+        self._next_launch = 0
+        self._works: list[dist.Work | None] = [None] * len(self._plan)
+        self._callback_queued = False
+
     def prepare_for_backward(self, unused: Sequence[int] = ()) -> None:
         """Arm the reducer for the backward of the forward that just ran.
 
@@ -161,15 +164,10 @@ class Reducer:
                 "next forward. Wrap forwards you do not backpropagate in torch.no_grad() or "
                 "no_sync()."
             )
-        self._ready = [False] * len(self._params)
-        self._pending = [len(spec.indices) for spec in self._plan]
-        self._bucket_ready = [False] * len(self._plan)
-        self._next_launch = 0
-        self._works = [None] * len(self._plan)
+        self._reset_iteration()
         for flags in self._flags:
             flags.zero_()
         self._expect_backward = True
-        self._callback_queued = False
         with torch.no_grad():  # forward runs with grad mode on; the hooks below do not need it
             for i in unused:
                 # A parameter that took part in an earlier no_sync micro-step holds an
@@ -286,7 +284,7 @@ class Reducer:
         for b, work in enumerate(self._works):
             assert work is not None
             work.wait()
-            if self.recorder is None:  # uninstrumented: completion as observed here
+            if self._done_t[b] < self._launch_t[b]:  # no completion callback (yet): now
                 self._done_t[b] = time.perf_counter()
         self.last_comm_wait_s = time.perf_counter() - t0
         # Drop the finished works: a Work kept alive into interpreter shutdown can be
