@@ -23,7 +23,7 @@ from ddp.config import SYNC_MODES, Rendezvous, TrainConfig
 from ddp.launch import spawn_local
 from ddp.logs import setup_logging
 from ddp.models import MODELS
-from ddp.train import PeerFailure, run_rank
+from ddp.train import NothingToResume, PeerFailure, run_rank
 
 __all__ = ["main"]
 
@@ -133,26 +133,31 @@ def _run_local(args: argparse.Namespace, cfg: TrainConfig) -> int:
         return 1
 
 
-def _run_one(args: argparse.Namespace, cfg: TrainConfig) -> int:
+def _rendezvous(args: argparse.Namespace) -> Rendezvous:
     given = [args.rank is not None, args.world_size is not None, args.init_method is not None]
     if any(given) and not all(given):
         raise ValueError("pass all of --rank, --world-size and --init-method, or none (torchrun)")
-    rdzv = (
-        Rendezvous(args.rank, args.world_size, args.init_method)
-        if all(given)
-        else Rendezvous.from_env()
-    )
+    if all(given):
+        return Rendezvous(args.rank, args.world_size, args.init_method)
+    return Rendezvous.from_env()
+
+
+def _run_one(args: argparse.Namespace, cfg: TrainConfig, rdzv: Rendezvous) -> int:
     setup_logging(rdzv.rank, args.log_all_ranks)
     try:
         return 0 if run_rank(cfg, rdzv) else 1
     except PeerFailure as e:
         log.error(f"[rank{rdzv.rank}] {e}")
         return 3
+    except NothingToResume as e:
+        log.error(f"[rank{rdzv.rank}] {e}")
+        return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["train"]:
+    one_rank = argv[:1] == ["train"]
+    if one_rank:
         p = argparse.ArgumentParser(
             prog="python -m ddp train", description="Run one rank (containers, torchrun)."
         )
@@ -161,7 +166,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--init-method", help="file:///path, tcp://host:port (default: env://)")
         _add_training_flags(p)
         args = p.parse_args(argv[1:])
-        runner = _run_one
     else:
         p = argparse.ArgumentParser(
             prog="python -m ddp",
@@ -175,12 +179,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = p.parse_args(argv)
         if args.world_size < 1:
             p.error(f"--world-size must be >= 1, got {args.world_size}")
-        runner = _run_local
+    # Bad input is refused here, before any process group exists; what fails later is not a
+    # usage error and keeps its own exit code (1 parity, 3 peer failure) or traceback.
     try:
         cfg = _config(args)
-        return runner(args, cfg)
-    except (ValueError, FileNotFoundError) as e:
+        rdzv = _rendezvous(args) if one_rank else None
+        cfg.local_batch(rdzv.world_size if rdzv else args.world_size)
+    except ValueError as e:
         p.error(str(e))
+    return _run_one(args, cfg, rdzv) if rdzv else _run_local(args, cfg)
 
 
 if __name__ == "__main__":

@@ -197,12 +197,15 @@ def explain_failure(
             "filesystem all ranks share so the flight recorders can name the missing rank"
         )
     reason = "timeout" if "timed out" in str(error).lower() else "error"
-    recorder.dump(directory, reason)
-    dumps = wait_for_dumps(
-        directory,
-        recorder.world_size,
-        grace_s=grace_s,
-        newer_than=newer_than,
-        rank=recorder.rank,
-    )
+    try:
+        recorder.dump(directory, reason)
+        dumps = wait_for_dumps(
+            directory,
+            recorder.world_size,
+            grace_s=grace_s,
+            newer_than=newer_than,
+            rank=recorder.rank,
+        )
+    except OSError as e:  # the shared volume failing us must not hide the original failure
+        return PeerFailure(f"diagnosis unavailable: a collective failed ({gloo}); {e}")
     return PeerFailure(f"diagnosis: {diagnose(dumps, recorder.world_size).summary()} [{gloo}]")

@@ -27,6 +27,7 @@ import logging
 import os
 import re
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -267,8 +268,11 @@ def request_dumps(directory: Path, rank: int | None = None) -> None:
     """Ask every watching rank (see `FlightRecorder.watch`) to dump its records now."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".{_REQUEST}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"by": rank, "time": time.time(), "pid": os.getpid()}))
+    # Several ranks may ask at once, from containers whose PIDs coincide (each has its own PID
+    # namespace) on one shared volume: the temp name must be unique, not just per PID.
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{_REQUEST}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps({"by": rank, "time": time.time(), "pid": os.getpid()}))
     os.replace(tmp, directory / _REQUEST)  # a fresh inode and mtime for every request
 
 

@@ -37,7 +37,7 @@ from ddp.models import build_model
 from ddp.parity import HEADER, ParityReport, StepRow
 from ddp.reference import Reference, checksum, max_param_diff, params_sha256, sgd
 
-__all__ = ["PeerFailure", "run_rank"]
+__all__ = ["NothingToResume", "PeerFailure", "run_rank"]
 
 log = logging.getLogger("ddp")
 
@@ -90,6 +90,10 @@ def run_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
         dist.destroy_process_group()
 
 
+class NothingToResume(FileNotFoundError):
+    """--resume found no complete checkpoint."""
+
+
 def _resume(
     cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, ref: Reference | None
 ) -> int:
@@ -98,7 +102,7 @@ def _resume(
     assert cfg.checkpoints is not None
     found = latest_checkpoint(cfg.checkpoints)
     if found is None:
-        raise FileNotFoundError(
+        raise NothingToResume(
             f"--resume: no complete checkpoint in {cfg.checkpoints}; run with "
             "--checkpoint-every K first, or drop --resume"
         )

@@ -199,3 +199,29 @@ def test_watcher_dumps_on_request(tmp_path):
         rec.stop_watching()
     assert not any(t.name.startswith("flight-recorder-watch") for t in threading.enumerate())
     rec.stop_watching()  # idempotent
+
+
+def test_concurrent_requests_from_equal_pids_do_not_collide(tmp_path, monkeypatch):
+    # Ranks in different containers often have the same PID (one PID namespace each) and
+    # share the dump directory: their requests must not trip over each other's temp files.
+    import threading
+
+    from ddp.flight_recorder import request_dumps
+
+    monkeypatch.setattr("os.getpid", lambda: 14)
+    errors = []
+
+    def ask(rank):
+        try:
+            for _ in range(200):
+                request_dumps(tmp_path, rank)
+        except OSError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=ask, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    assert [p.name for p in tmp_path.iterdir()] == ["dump_request.json"]
