@@ -188,11 +188,6 @@ class Reducer:
             # Must be queued from inside backward; it runs once the whole graph is done.
             Variable._execution_engine.queue_callback(self._finalize)
             self._callback_queued = True
-        if param.grad is not None and param.grad.is_sparse:
-            raise RuntimeError(
-                f"parameter {self._names[i]!r} has a sparse gradient, which this wrapper does "
-                "not reduce; use dense gradients (e.g. nn.Embedding(..., sparse=False))"
-            )
         if self._ready[i]:
             raise RuntimeError(
                 f"parameter {self._names[i]!r} received a gradient twice in one synchronised "
@@ -208,7 +203,7 @@ class Reducer:
         b, slot = self._where[i]
         grad = p.grad
         if missing:
-            if grad is not None and _is_view_of(grad, view):
+            if grad is not None and self._as_view and _is_view_of(grad, view):
                 # The slot is about to be overwritten; keep this rank's .grad intact in case
                 # no rank used the parameter (then .grad must come back untouched).
                 self._stash[i] = grad.clone()
@@ -217,7 +212,12 @@ class Reducer:
             self._flags[b][slot] = 1
         elif grad is None:
             raise RuntimeError(f"gradient hook fired for {self._names[i]!r} without a gradient")
-        elif _is_view_of(grad, view):
+        elif grad.is_sparse:
+            raise RuntimeError(
+                f"parameter {self._names[i]!r} has a sparse gradient, which this wrapper does "
+                "not reduce; use dense gradients (e.g. nn.Embedding(..., sparse=False))"
+            )
+        elif self._as_view and _is_view_of(grad, view):
             # gradient_as_bucket_view: autograd accumulated straight into the bucket.
             # Pre-divide so the SUM-allreduce yields the mean (gloo has no AVG).
             if self._world > 1:

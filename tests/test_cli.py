@@ -136,5 +136,8 @@ def test_world_size_one_and_bad_cap(tmp_path):
         x = torch.ones(2, 3)
         ddp(x).sum().backward()
         assert model.weight.grad.tolist() == x.sum(0, keepdim=True).tolist()
+        sparse = DistributedDataParallel(nn.Embedding(10, 3, sparse=True))
+        with pytest.raises(RuntimeError, match="sparse gradient"):
+            sparse(torch.tensor([1, 2])).sum().backward()
     finally:
         dist.destroy_process_group()
