@@ -1,69 +1,125 @@
-"""Run configuration, and the one place that reads the rendezvous environment."""
+"""The training configuration, its command line, and the one place that reads the rendezvous
+environment.
+
+``TrainConfig`` is the single source of truth for what a run computes and how it reports:
+``python -m ddp``'s flags are generated from its fields (:func:`add_train_arguments`), lab and
+compose build a rank's command line with :meth:`TrainConfig.to_argv`, and both sides share one
+validation (``__post_init__``). Pure and torch-free, so the lab imports it cheaply.
+"""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import math
 import os
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddp.models import MODELS
+__all__ = [
+    "GROUPS",
+    "MODEL_NAMES",
+    "SYNC_MODES",
+    "Rendezvous",
+    "TrainConfig",
+    "add_train_arguments",
+    "config_from_args",
+    "flag_of",
+]
 
-__all__ = ["Rendezvous", "TrainConfig"]
-
+MODEL_NAMES = ("mini", "deep", "branchy")  # ddp.models.MODELS has exactly these keys
 # allreduce: DDP. barrier: dist.barrier() instead of allreduce (replicas drift: the demo of
 # why). none: no communication at all, the floor that "exposed communication" is measured from.
 SYNC_MODES = ("allreduce", "barrier", "none")
+# Field groups: "train" decides what is computed, "fault" how a run survives faults (timeouts,
+# checkpoints, delays to watch them), "output" where and how it reports.
+GROUPS = ("train", "fault", "output")
+_TITLES = {"train": "training", "fault": "faults and recovery", "output": "output"}
+
+
+def _opt(default: Any, help: str, group: str = "train", **meta: Any) -> Any:
+    return field(default=default, metadata={"help": help, "group": group, **meta})
 
 
 @dataclass
 class TrainConfig:
-    """Everything that decides what one training run computes (and how it is reported)."""
+    """Everything that decides what one training run computes, and how it is reported."""
 
-    model: str = "mini"
-    steps: int = 20
-    batch_size: int = 64  # global: split evenly across ranks
-    lr: float = 0.05
-    momentum: float = 0.9
-    seed: int = 0
-    bucket_cap_mb: float = 25.0
-    overlap: bool = True
-    sync: str = "allreduce"
-    log_dir: str | None = None
-    timeout_s: float = 300.0  # collective timeout handed to the process group
-    tolerance: float = 1e-5  # max |param diff| vs the single-process reference
-    reference: bool = True  # rank 0 also trains the single-process reference
-    checkpoint_every: int = 0  # rank 0 checkpoints every K steps (0: never)
-    checkpoint_dir: str | None = None  # default: <log_dir>/checkpoints
-    resume: bool = False  # start from the newest complete checkpoint
-    step_delay_ms: float = 0.0  # sleep per step: a stand-in for compute, to watch faults
-    backward_delay_ms: float = 0.0  # sleep spread over backward: simulated accelerator compute
+    model: str = _opt("mini", "model to train", choices=MODEL_NAMES)
+    steps: int = _opt(20, "optimizer steps")
+    batch_size: int = _opt(64, "global batch, split evenly over the ranks")
+    lr: float = _opt(0.05, "SGD learning rate")
+    momentum: float = _opt(0.9, "SGD momentum")
+    seed: int = _opt(0, "seed of the initial weights and of the data")
+    bucket_cap_mb: float = _opt(25.0, "gradient bucket cap in MB; 0 = one allreduce per tensor")
+    overlap: bool = _opt(True, "reduce all buckets after backward instead of during it")
+    sync: str = _opt(
+        "allreduce",
+        "how gradients are synchronised: 'barrier' replaces allreduce by dist.barrier() "
+        "(replicas drift: parity breaks), 'none' does not communicate (the floor)",
+        choices=SYNC_MODES,
+    )
+    tolerance: float = _opt(1e-5, "largest |param diff| vs the single-process reference")
+    reference: bool = _opt(True, "skip the single-process reference on rank 0")
+    backward_delay_ms: float = _opt(
+        0.0,
+        "simulated accelerator compute: sleep this long per step inside backward, spread over "
+        "the parameters' gradients, so overlap of allreduce with backward can be seen on a "
+        "CPU-bound host",
+    )
+    collective_timeout_s: float = _opt(
+        300.0, "seconds a rank waits for its peers in one collective", "fault",
+        flag="--collective-timeout", metavar="S",
+    )  # fmt: skip
+    checkpoint_every: int = _opt(
+        0, "rank 0 writes an atomic checkpoint every K steps; 0 = never", "fault", metavar="K"
+    )
+    checkpoint_dir: str | None = _opt(
+        None, "where checkpoints go (default: LOG_DIR/checkpoints)", "fault", metavar="DIR"
+    )
+    resume: bool = _opt(False, "continue from the newest complete checkpoint", "fault")
+    step_delay_ms: float = _opt(
+        0.0,
+        "sleep this long in every step, standing in for a bigger model, so that progress and "
+        "fault injection can be watched",
+        "fault",
+    )
+    log_dir: str | None = _opt(
+        None, "write per-rank JSON-lines records (rank<R>.jsonl) here", "output", metavar="DIR"
+    )
+    log_all_ranks: bool = _opt(False, "every rank prints (prefixed), a line per step", "output")
+    emit_records: bool = _opt(
+        False,
+        "also print every log record on stdout as one '@ddp {json}' line, for a program that "
+        "follows the run (the lab)",
+        "output",
+    )
 
     def __post_init__(self) -> None:
-        if self.model not in MODELS:
-            raise ValueError(f"model must be one of {sorted(MODELS)}, got {self.model!r}")
+        for f in dataclasses.fields(self):
+            _check_type(f, getattr(self, f.name))
+        if self.model not in MODEL_NAMES:
+            raise ValueError(_bad("model", self.model, f"one of {', '.join(MODEL_NAMES)}"))
         if self.sync not in SYNC_MODES:
-            raise ValueError(f"sync must be one of {SYNC_MODES}, got {self.sync!r}")
+            raise ValueError(_bad("sync", self.sync, f"one of {', '.join(SYNC_MODES)}"))
         for name in ("steps", "batch_size"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.bucket_cap_mb >= 0:
-            raise ValueError(f"bucket_cap_mb must be >= 0, got {self.bucket_cap_mb}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        for name in ("step_delay_ms", "backward_delay_ms"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+                raise ValueError(_bad(name, getattr(self, name), ">= 1"))
         if self.checkpoint_every < 0:
-            raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
+            raise ValueError(_bad("checkpoint_every", self.checkpoint_every, ">= 0"))
+        for name in ("lr", "collective_timeout_s", "tolerance"):
+            if not getattr(self, name) > 0:
+                raise ValueError(_bad(name, getattr(self, name), "a number > 0"))
+        for name in ("momentum", "bucket_cap_mb", "step_delay_ms", "backward_delay_ms"):
+            if not getattr(self, name) >= 0:  # also rejects NaN
+                raise ValueError(_bad(name, getattr(self, name), "a number >= 0"))
         if (self.checkpoint_every or self.resume) and self.checkpoints is None:
             raise ValueError(
-                "checkpointing and resume need a directory all ranks can read: pass "
+                "checkpointing and --resume need a directory all ranks can read: pass "
                 "--checkpoint-dir DIR (or --log-dir DIR, which implies DIR/checkpoints)"
             )
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s}")
 
     @property
     def checkpoints(self) -> Path | None:
@@ -76,13 +132,126 @@ class TrainConfig:
         the global-batch mean loss, i.e. what makes parity exact."""
         if self.batch_size % world_size:
             raise ValueError(
-                f"batch_size {self.batch_size} is not divisible by world size {world_size}; "
-                f"pick a multiple of {world_size}"
+                f"--batch-size {self.batch_size} is not divisible by the world size "
+                f"{world_size}; pick a multiple of {world_size}"
             )
         return self.batch_size // world_size
 
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A validated copy with ``changes`` (e.g. one rank's overrides)."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ValueError(f"unknown training setting(s) {', '.join(unknown)}")
+        return dataclasses.replace(self, **changes)
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "train") -> TrainConfig:
+        """From parsed YAML/JSON; unknown keys are refused so that typos do not pass."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"{where}: unknown key(s) {', '.join(map(str, unknown))}; known: "
+                f"{', '.join(sorted(known))}"
+            )
+        return cls(**data)
+
+    def to_argv(self) -> list[str]:
+        """``python -m ddp train`` flags that reproduce this config: the fields that differ
+        from the defaults, in field order (floats as repr, so they round-trip exactly)."""
+        default = TrainConfig()
+        argv: list[str] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value == getattr(default, f.name):
+                continue
+            if isinstance(value, bool):
+                argv.append(flag_of(f.name))  # the flag of a bool says "not the default"
+            else:
+                argv += [flag_of(f.name), repr(value) if isinstance(value, float) else str(value)]
+        return argv
+
+
+def _bad(name: str, value: Any, want: str) -> str:
+    return f"{flag_of(name)} must be {want}, got {value!r}"
+
+
+def _check_type(f: dataclasses.Field, value: Any) -> None:
+    # YAML and JSON hand over whatever they parsed: `steps: yes` must not become 1 step.
+    default = f.default
+    if default is None:
+        ok = value is None or isinstance(value, str)
+        want = "a path"
+    elif isinstance(default, bool):
+        ok, want = isinstance(value, bool), "true or false"
+    elif isinstance(default, int):
+        ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif isinstance(default, float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        ok = ok and not math.isinf(value)
+        want = "a finite number"
+    else:
+        ok, want = isinstance(value, str), "a string"
+    if not ok:
+        raise ValueError(_bad(f.name, value, want))
+
+
+def flag_of(name: str) -> str:
+    """The command-line flag of a ``TrainConfig`` field (``batch_size`` -> ``--batch-size``;
+    a bool that defaults to True is switched off by ``--no-<name>``)."""
+    f = {f.name: f for f in dataclasses.fields(TrainConfig)}[name]
+    if "flag" in f.metadata:
+        return f.metadata["flag"]
+    dashed = name.replace("_", "-")
+    return f"--no-{dashed}" if f.default is True else f"--{dashed}"
+
+
+def add_train_arguments(
+    parser: argparse.ArgumentParser,
+    groups: Iterable[str] = GROUPS,
+    *,
+    defaults: TrainConfig | None = None,
+    keep_unset: bool = False,
+) -> list[str]:
+    """Add a flag per ``TrainConfig`` field of ``groups``; returns the fields' names (the
+    parsed namespace's attributes). ``defaults`` shows other defaults (e.g. an experiment's);
+    ``keep_unset`` leaves flags that were not given out of the namespace (for overrides on top
+    of a file)."""
+    shown = defaults or TrainConfig()
+    names = []
+    sections = {g: parser.add_argument_group(_TITLES[g]) for g in groups}
+    for f in dataclasses.fields(TrainConfig):
+        if f.metadata["group"] not in sections:
+            continue
+        names.append(f.name)
+        value = getattr(shown, f.name)
+        kw: dict[str, Any] = {"dest": f.name, "help": f.metadata["help"]}
+        kw["default"] = argparse.SUPPRESS if keep_unset else value
+        if isinstance(f.default, bool):
+            kw["action"] = "store_false" if f.default else "store_true"
+        else:
+            kw["type"] = str if f.default is None else type(f.default)
+            if "choices" in f.metadata:
+                kw["choices"] = f.metadata["choices"]
+            if "metavar" in f.metadata:
+                kw["metavar"] = f.metadata["metavar"]
+            if value is not None:
+                kw["help"] += f" (default {value:g})" if isinstance(value, float) else (
+                    f" (default {value})"
+                )
+        sections[f.metadata["group"]].add_argument(flag_of(f.name), **kw)
+    return names
+
+
+def config_from_args(
+    args: argparse.Namespace, names: Iterable[str], base: TrainConfig | None = None
+) -> TrainConfig:
+    """``base`` (default ``TrainConfig()``) with the parsed values of ``names`` applied."""
+    given = {n: getattr(args, n) for n in names if hasattr(args, n)}
+    return (base or TrainConfig()).replace(**given)
 
 
 @dataclass(frozen=True)
@@ -95,12 +264,12 @@ class Rendezvous:
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+            raise ValueError(f"--world-size must be >= 1, got {self.world_size}")
         if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
+            raise ValueError(f"--rank must be in 0..{self.world_size - 1}, got {self.rank}")
         if not self.init_method.startswith(("file://", "env://", "tcp://")):
             raise ValueError(
-                f"init_method must be a file://, tcp:// or env:// URL, got {self.init_method!r}"
+                f"--init-method must be a file://, tcp:// or env:// URL, got {self.init_method!r}"
             )
 
     @classmethod
@@ -114,3 +283,11 @@ class Rendezvous:
                 f"under torchrun (missing environment variables: {', '.join(missing)})"
             )
         return cls(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), init_method="env://")
+
+    def to_argv(self) -> list[str]:
+        """The flags of ``python -m ddp train`` that give this rendezvous."""
+        return [
+            "--rank", str(self.rank),
+            "--world-size", str(self.world_size),
+            "--init-method", self.init_method,
+        ]  # fmt: skip

@@ -176,6 +176,10 @@ class PeerFailure(RuntimeError):
     """A collective failed because another rank died, stalled or was cut off. The message is
     the diagnosis (who never arrived, at which step and bucket), not gloo's bare error."""
 
+    def __init__(self, message: str, missing_ranks: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.missing_ranks = list(missing_ranks or [])
+
 
 def explain_failure(
     error: BaseException,
@@ -208,4 +212,5 @@ def explain_failure(
         )
     except OSError as e:  # the shared volume failing us must not hide the original failure
         return PeerFailure(f"diagnosis unavailable: a collective failed ({gloo}); {e}")
-    return PeerFailure(f"diagnosis: {diagnose(dumps, recorder.world_size).summary()} [{gloo}]")
+    diag = diagnose(dumps, recorder.world_size)
+    return PeerFailure(f"diagnosis: {diag.summary()} [{gloo}]", diag.missing_ranks)

@@ -67,12 +67,12 @@ def spawn_ranks(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _train_rank(rdzv: Rendezvous, cfg: TrainConfig, all_ranks: bool) -> bool:
-    setup_logging(rdzv.rank, all_ranks)
+def _train_rank(rdzv: Rendezvous, cfg: TrainConfig) -> bool:
+    setup_logging(rdzv.rank, cfg.log_all_ranks)
     return run_rank(cfg, rdzv)
 
 
-def spawn_local(cfg: TrainConfig, world_size: int, log_all_ranks: bool = False) -> bool:
+def spawn_local(cfg: TrainConfig, world_size: int) -> bool:
     """Train ``world_size`` local ranks; True iff parity holds."""
     cfg.local_batch(world_size)  # fail on a bad split before spawning anything
-    return all(spawn_ranks(_train_rank, world_size, cfg, log_all_ranks).values())
+    return all(spawn_ranks(_train_rank, world_size, cfg).values())

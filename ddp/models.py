@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ddp.config import MODEL_NAMES
+
 __all__ = ["MODELS", "BranchyMLP", "DeepMLP", "MiniMLP", "build_model"]
 
 IN_FEATURES = 32
@@ -70,6 +72,8 @@ class BranchyMLP(nn.Module):
 
 
 MODELS = {"mini": MiniMLP, "deep": DeepMLP, "branchy": BranchyMLP}
+# The configuration names the models without importing torch; the two lists must agree.
+assert tuple(MODELS) == MODEL_NAMES, (tuple(MODELS), MODEL_NAMES)
 
 
 def build_model(name: str, seed: int) -> nn.Module:

@@ -11,21 +11,17 @@ one judge, so the verdict a container printed can be re-derived from its logs.
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ParityReport", "StepRow", "check_logs", "table_row_step"]
+from ddp.records import StepRecord, load_run
+
+__all__ = ["ParityReport", "StepRow", "check_logs"]
 
 HEADER = (
     " step   ref loss   ddp loss     ref checksum     ddp checksum  max|dparam|  replicas"
     "   step ms   comm ms"
-)
-# A row, possibly behind a prefix such as "[node0/rank0] ": step, 5 numbers, same|DIFFER, 2 times.
-_ROW = re.compile(
-    r"(?:^|\s)(\d+)\s+\S+\s+-?\d+\.\d{6}(?:\s+\S+){3}\s+(?:same|DIFFER)(?:\s+\S+){2}\s*$"
 )
 
 
@@ -55,12 +51,6 @@ class StepRow:
             f"{'same' if self.replicas_equal else 'DIFFER':>8}  {self.step_ms:8.1f}  "
             f"{self.comm_ms:8.1f}"
         )
-
-
-def table_row_step(line: str) -> int | None:
-    """The step number if ``line`` is a row of the parity table (e.g. for a progress bar)."""
-    m = _ROW.search(line)
-    return int(m.group(1)) if m else None
 
 
 @dataclass
@@ -118,61 +108,45 @@ class ParityReport:
         return "\n".join([HEADER, *(r.format() for r in self.rows)])
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    records = []
-    lines = path.read_text().splitlines()
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            # A rank killed mid-write leaves a torn last line; anything else is corruption.
-            if n == len(lines):
-                break
-            raise ValueError(f"{path}:{n}: not a JSON line ({e})") from e
-    return records
-
-
 def check_logs(log_dir: Path) -> ParityReport:
     """Re-judge a collected run from its per-rank logs (``rank<R>.jsonl``)."""
     log_dir = Path(log_dir)
-    files = sorted(log_dir.glob("rank*.jsonl"))
-    if not files:
+    if not log_dir.is_dir():
+        raise FileNotFoundError(f"{log_dir} not found: pass the directory of a run's logs")
+    by_rank = load_run(log_dir)
+    if not by_rank:
         raise FileNotFoundError(
             f"no rank*.jsonl logs in {log_dir}: pass the run's log directory "
-            "(python -m ddp --log-dir DIR, or runs/<run-id>/ of python -m lab up)"
+            "(python -m ddp --log-dir DIR, or runs/<run-id>/ of python -m lab)"
         )
-    by_rank = {int(f.stem[4:]): _read_jsonl(f) for f in files}
-    config = next((r for r in by_rank.get(0, []) if r.get("event") == "config"), {})
-    world = int(config.get("world_size", len(by_rank)))
+    config = by_rank[0].config if 0 in by_rank else None
+    world = config.world_size if config else len(by_rank)
     problems = [f"no log from rank {r}" for r in range(world) if r not in by_rank]
-    steps: dict[int, dict[int, dict]] = {}
-    for rank, records in by_rank.items():
-        for rec in records:
-            if rec.get("event") == "step":
-                steps.setdefault(rec["step"], {})[rank] = rec
+    steps: dict[int, dict[int, StepRecord]] = {}
+    for rank, log in by_rank.items():
+        for rec in log.steps:
+            steps.setdefault(rec.step, {})[rank] = rec
     rows = []
     for step in sorted(steps):
         recs = steps[step]
-        r0 = recs.get(0, {})
         ranks = sorted(recs)
+        r0 = recs.get(0)
         rows.append(
             StepRow(
                 step=step,
-                loss=sum(recs[r]["loss"] for r in ranks) / len(ranks),
-                checksums=[recs[r]["checksum"] for r in ranks],
-                ref_loss=r0.get("ref_loss"),
-                ref_checksum=r0.get("ref_checksum"),
-                max_param_diff=r0.get("max_param_diff"),
-                step_ms=max(recs[r]["step_ms"] for r in ranks),
-                comm_ms=max(recs[r]["comm_ms"] for r in ranks),
+                loss=sum(recs[r].loss for r in ranks) / len(ranks),
+                checksums=[recs[r].checksum for r in ranks],
+                ref_loss=r0.ref_loss if r0 else None,
+                ref_checksum=r0.ref_checksum if r0 else None,
+                max_param_diff=r0.max_param_diff if r0 else None,
+                step_ms=max(recs[r].step_ms for r in ranks),
+                comm_ms=max(recs[r].comm_ms for r in ranks),
             )
         )
     return ParityReport(
         rows=rows,
         world_size=world,
-        tolerance=float(config.get("tolerance", 1e-5)),
-        expected_steps=config["steps"] - config.get("start_step", 0) if config else None,
+        tolerance=float(config.config.get("tolerance", 1e-5)) if config else 1e-5,
+        expected_steps=config.config["steps"] - config.start_step if config else None,
         problems=problems,
     )

@@ -32,9 +32,16 @@ from ddp.data import ShardSampler, make_dataset
 from ddp.diagnosis import PeerFailure, explain_failure
 from ddp.distributed import DistributedDataParallel
 from ddp.flight_recorder import FlightRecorder
-from ddp.logs import JsonLog
 from ddp.models import build_model
 from ddp.parity import HEADER, ParityReport, StepRow
+from ddp.records import (
+    ConfigRecord,
+    EndRecord,
+    FailureRecord,
+    RecordLog,
+    StepRecord,
+    VerdictRecord,
+)
 from ddp.reference import Reference, checksum, max_param_diff, params_sha256, sgd
 
 __all__ = ["NothingToResume", "PeerFailure", "run_rank"]
@@ -63,7 +70,7 @@ def run_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
         init_method=rdzv.init_method,
         rank=rdzv.rank,
         world_size=rdzv.world_size,
-        timeout=timedelta(seconds=cfg.timeout_s),
+        timeout=timedelta(seconds=cfg.collective_timeout_s),
     )
     started = time.time()
     recorder = FlightRecorder(rdzv.rank, rdzv.world_size)
@@ -71,7 +78,7 @@ def run_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
     if flight is not None:
         # Answers other ranks' dump requests even while this rank is blocked in a collective.
         recorder.watch(flight)
-    jlog = JsonLog(cfg.log_dir, rdzv.rank)
+    jlog = RecordLog(cfg.log_dir, rdzv.rank, echo=cfg.emit_records)
     try:
         try:
             holds = _train(cfg, rdzv.rank, rdzv.world_size, jlog, recorder)
@@ -79,7 +86,7 @@ def run_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
             if all(r.state == "completed" for r in recorder.records()):
                 raise  # not a communication failure (e.g. unused parameters): as it is
             failure = explain_failure(e, recorder, flight, newer_than=started)
-            jlog.write(event="failure", rank=rdzv.rank, message=str(failure))
+            jlog.write(FailureRecord(rdzv.rank, str(failure), failure.missing_ranks))
             raise failure from e
         if flight is not None:
             recorder.dump(flight, "exit")
@@ -154,7 +161,7 @@ def _simulate_backward_compute(module: nn.Module, total_ms: float) -> None:
 
 
 def _train(
-    cfg: TrainConfig, rank: int, world: int, jlog: JsonLog, recorder: FlightRecorder
+    cfg: TrainConfig, rank: int, world: int, jlog: RecordLog, recorder: FlightRecorder
 ) -> bool:
     torch.set_num_threads(1)  # ranks share the host's cores; intra-op threads would fight
     x, y = make_dataset(cfg.seed)
@@ -176,14 +183,7 @@ def _train(
     else:
         model = module  # --sync barrier / none: same loop, no gradient averaging
     ddp = model if isinstance(model, DistributedDataParallel) else None
-    jlog.write(
-        event="config",
-        rank=rank,
-        world_size=world,
-        num_buckets=ddp.num_buckets if ddp else 0,
-        start_step=start,
-        **cfg.to_dict(),
-    )
+    jlog.write(ConfigRecord(rank, world, ddp.num_buckets if ddp else 0, start, cfg.to_dict()))
     if ddp is not None:
         log.info(
             f"{world} ranks, model {cfg.model}, {ddp.num_buckets} buckets "
@@ -236,16 +236,7 @@ def _train(
         with recorder.record("all_gather", step=step, nbytes=mine.numel() * 8 * world):
             dist.all_gather(everyone, mine)
         jlog.write(
-            event="step",
-            rank=rank,
-            step=step,
-            loss=loss,
-            checksum=mine_sum,
-            step_ms=step_ms,
-            comm_ms=comm_s * 1e3,
-            t0=wall0,
-            **timeline,
-            **extra,
+            StepRecord(rank, step, loss, mine_sum, step_ms, comm_s * 1e3, wall0, **timeline, **extra)
         )
         if rank != 0:  # shown only with --log-all-ranks
             log.info(f"step {step}  loss {loss:.4f}  {step_ms:.1f} ms  comm {comm_s * 1e3:.1f} ms")
@@ -273,6 +264,7 @@ def _train(
             log.info("dist.barrier() lines the ranks up in time but never exchanges gradients:")
             log.info("each replica followed its own shard's gradients.")
         log.info(report.verdict)
+        jlog.write(VerdictRecord(rank, report.holds, report.verdict))
         holds[0] = int(report.holds)
     with recorder.record("broadcast", step=cfg.steps):
         dist.broadcast(holds, group_src=0)  # every rank exits with rank 0's verdict
@@ -281,7 +273,5 @@ def _train(
     # runs: "terminate called without an active exception" after the verdict).
     with recorder.record("barrier", step=cfg.steps):
         dist.barrier()
-    jlog.write(
-        event="end", rank=rank, parity=bool(holds.item()), params_sha256=params_sha256(module)
-    )
+    jlog.write(EndRecord(rank, bool(holds.item()), params_sha256(module)))
     return bool(holds.item())

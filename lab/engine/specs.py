@@ -1,28 +1,25 @@
 """What lab asks the Docker engine to create, as plain data.
 
 Pure functions (no Docker calls), so the names, labels, mounts and commands of a run are unit
-tested without an engine; :mod:`lab.cluster` passes these dicts to the docker SDK unchanged.
+tested without an engine; :mod:`lab.engine.cluster` passes these dicts to the SDK unchanged.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import time
 
-from lab.topology import Topology
-
 __all__ = [
     "DEFAULT_IMAGE",
-    "GO_FILE",
     "LABEL",
-    "LOG_DIR",
     "MOUNT",
-    "RENDEZVOUS",
     "container_spec",
+    "job_dir",
+    "launcher_argv",
     "network_spec",
     "new_run_id",
-    "node_command",
     "node_name",
     "resource_name",
     "volume_spec",
@@ -31,11 +28,9 @@ __all__ = [
 LABEL = "lab.run"  # every container, network and volume lab makes carries lab.run=<run-id>
 DEFAULT_IMAGE = "ddp-lab:latest"
 MOUNT = "/shared"  # the run's shared volume, mounted in every node
-RENDEZVOUS = f"{MOUNT}/rendezvous"  # file:// store; the volume is new per run, so never stale
-LOG_DIR = f"{MOUNT}/logs"
-GO_FILE = f"{MOUNT}/go"  # nodes wait for it, so lab can prepare them (e.g. shape links) first
 
 _RUN_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+_JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
 def new_run_id() -> str:
@@ -58,45 +53,44 @@ def node_name(run_id: str, node: int) -> str:
     return f"{resource_name(run_id)}-node{node}"
 
 
+def job_dir(job: str) -> str:
+    """A job's directory on the shared volume: its rendezvous file and ``logs/``."""
+    if not _JOB.match(job):
+        raise ValueError(f"job name must be letters, digits, '.', '_' or '-', got {job!r}")
+    return f"{MOUNT}/{job}"
+
+
 def network_spec(run_id: str) -> dict:
     """kwargs for ``client.networks.create``: a private bridge for this run only."""
     return {"name": resource_name(run_id), "driver": "bridge", "labels": {LABEL: run_id}}
 
 
 def volume_spec(run_id: str) -> dict:
-    """kwargs for ``client.volumes.create``: rendezvous file and per-rank logs."""
+    """kwargs for ``client.volumes.create``: every job's rendezvous file and logs."""
     return {"name": resource_name(run_id), "labels": {LABEL: run_id}}
 
 
-def node_command(topology: Topology, node: int, go_timeout_s: float = 300.0) -> list[str]:
-    """The node launcher (:mod:`lab.node`) with this node's ranks and the training flags."""
-    ranks = ",".join(str(r) for r in topology.ranks_of(node))
-    return [
-        "python", "-m", "lab.node",
-        "--node", str(node),
-        "--ranks", ranks,
-        "--world-size", str(topology.world_size),
-        "--init-method", f"file://{RENDEZVOUS}",
-        "--log-dir", LOG_DIR,
-        "--go-file", GO_FILE,
-        "--go-timeout", f"{go_timeout_s:g}",
-        "--",
-        *topology.train.ddp_flags(),
-    ]  # fmt: skip
-
-
 def container_spec(
-    run_id: str, topology: Topology, node: int, image: str = DEFAULT_IMAGE, net_admin: bool = False
+    run_id: str,
+    node: int,
+    image: str = DEFAULT_IMAGE,
+    *,
+    lifetime_s: float = 3600.0,
+    net_admin: bool = False,
+    cpus: float | None = None,
 ) -> dict:
     """kwargs for ``client.containers.create`` for one node.
 
-    ``net_admin`` grants CAP_NET_ADMIN, which only link shaping (tc, iptables) needs.
+    The main process is a bounded ``sleep``: jobs are exec'd into the node, so a cluster can
+    run several jobs in turn, and a lab that died leaves nothing running past ``lifetime_s``.
+    ``net_admin`` grants CAP_NET_ADMIN, which only link shaping and partitions need; ``cpus``
+    caps the container's CPU share (e.g. a straggler).
     """
     spec = {
         "image": image,
         "name": node_name(run_id, node),
         "hostname": f"node{node}",
-        "command": node_command(topology, node),
+        "command": ["sleep", f"{lifetime_s:.0f}"],
         "labels": {LABEL: run_id, "lab.node": str(node)},
         "environment": {
             # gloo would otherwise pick the interface of the hostname, which may be loopback.
@@ -107,7 +101,19 @@ def container_spec(
         "network": resource_name(run_id),
         "volumes": {resource_name(run_id): {"bind": MOUNT, "mode": "rw"}},
         "detach": True,
+        # sleep as PID 1 ignores SIGTERM: stop at once instead of after docker's 10 s.
+        "stop_signal": "SIGKILL",
     }
     if net_admin:
         spec["cap_add"] = ["NET_ADMIN"]
+    if cpus is not None:
+        spec["nano_cpus"] = int(cpus * 1e9)
     return spec
+
+
+def launcher_argv(node: int, argvs: dict[int, list[str]], timeout_s: float) -> list[str]:
+    """The in-container launcher (:mod:`lab.node`) running ``argvs`` (rank -> argv) on
+    ``node``, each rank bounded by ``timeout_s``."""
+    ranks = json.dumps({str(r): argv for r, argv in sorted(argvs.items())})
+    return ["python", "-m", "lab.node", "--node", str(node), "--ranks", ranks,
+            "--timeout", f"{timeout_s:g}"]  # fmt: skip

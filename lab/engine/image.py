@@ -17,7 +17,7 @@ from pathlib import Path
 
 import docker.errors
 
-from lab.engine import LabError
+from lab.engine.client import LabError
 
 __all__ = [
     "REPO_ROOT",
@@ -31,7 +31,7 @@ __all__ = [
     "requirements",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 _PROBE = (
     "import json, platform, sys; "

@@ -14,7 +14,7 @@ import docker.errors
 import psutil
 import requests.exceptions
 
-from lab.cluster import NodeHandle
+from lab.engine.cluster import NodeHandle
 
 __all__ = ["ResourceSampler", "Usage"]
 

@@ -5,9 +5,20 @@ from __future__ import annotations
 import docker.errors
 import requests.exceptions
 
-from lab.specs import DEFAULT_IMAGE
+from lab.engine.specs import DEFAULT_IMAGE
 
-__all__ = ["ImageMissing", "LabError", "NodeFailed", "RunTimeout", "connect", "require_image"]
+__all__ = [
+    "GONE",
+    "ImageMissing",
+    "LabError",
+    "NodeFailed",
+    "RunTimeout",
+    "connect",
+    "require_image",
+]
+
+# What the SDK raises when a container, exec or stream is gone (removed, killed, engine down).
+GONE = (docker.errors.DockerException, requests.exceptions.RequestException)
 
 _BUILD_HINT = (
     "build it with `python -m lab image` (pulls from registries) or, with no registry, "
@@ -28,7 +39,7 @@ class NodeFailed(LabError):
 
 
 class RunTimeout(LabError):
-    pass
+    """A run or phase did not finish within its --run-timeout."""
 
 
 def connect(timeout_s: float = 120.0) -> docker.DockerClient:
@@ -36,7 +47,7 @@ def connect(timeout_s: float = 120.0) -> docker.DockerClient:
     try:
         client = docker.from_env(timeout=int(timeout_s))
         client.ping()
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+    except GONE as e:
         raise LabError(
             f"cannot reach the Docker engine ({e}); start it (on the lab machines: "
             "../shared/tools/docker-here.sh) or point DOCKER_HOST at a running one"

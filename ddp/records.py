@@ -1,0 +1,226 @@
+"""The log schema: typed records a rank writes, one writer and one reader.
+
+Every rank writes ``<log_dir>/rank<R>.jsonl``, one JSON object per line with an ``event`` key:
+``config`` (set up, about to train), ``step`` (one optimizer step: loss, checksum, times and the
+bucket timeline), ``verdict`` (rank 0: does parity hold), ``failure`` (a peer died or stalled:
+the diagnosis) and ``end`` (the final parameters' digest). With ``emit_records`` the same records
+also go to stdout as ``@ddp {json}`` lines, so a program that follows the run (the lab) learns
+progress and verdicts from data, never from the human-readable table, which may change freely.
+
+One rule for a torn last line, in every reader: a run still being written, or a rank killed
+mid-write, leaves a last line without its end; it is dropped (``RankLog.torn``). A bad line
+anywhere else is corruption and raises :class:`LogError`. Torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, ClassVar
+
+__all__ = [
+    "RECORD_PREFIX",
+    "ConfigRecord",
+    "EndRecord",
+    "FailureRecord",
+    "LogError",
+    "RankLog",
+    "Record",
+    "RecordLog",
+    "StepRecord",
+    "VerdictRecord",
+    "load_run",
+    "parse_record_line",
+    "read_rank_log",
+]
+
+RECORD_PREFIX = "@ddp "  # a stdout line that carries a record: "@ddp {json}"
+
+
+class LogError(ValueError):
+    """A rank log that cannot be read: the message names the file and line."""
+
+
+@dataclass
+class Record:
+    event: ClassVar[str] = ""
+    rank: int
+
+    def to_json(self) -> str:
+        return json.dumps({"event": self.event, **dataclasses.asdict(self)})
+
+
+@dataclass
+class ConfigRecord(Record):
+    """Written once the model is wrapped, just before the first step."""
+
+    event: ClassVar[str] = "config"
+    world_size: int
+    num_buckets: int
+    start_step: int  # 0, or the checkpoint step a resumed run continues after
+    config: dict[str, Any] = field(default_factory=dict)  # TrainConfig.to_dict()
+
+
+@dataclass
+class StepRecord(Record):
+    """One optimizer step on one rank. Times in ms; ``t0`` is the wall clock at the step's
+    start (ranks in containers of one host share it); ``backward_ms`` ``[start, end]`` and
+    ``buckets_ms`` ``[[launch, done], ...]`` are relative to the step's start."""
+
+    event: ClassVar[str] = "step"
+    step: int
+    loss: float
+    checksum: float
+    step_ms: float
+    comm_ms: float
+    t0: float | None = None
+    backward_ms: list[float] | None = None
+    buckets_ms: list[list[float]] | None = None
+    ref_loss: float | None = None  # rank 0 only: the single-process reference
+    ref_checksum: float | None = None
+    max_param_diff: float | None = None
+
+
+@dataclass
+class VerdictRecord(Record):
+    """Rank 0's parity verdict; ``message`` is the line it printed."""
+
+    event: ClassVar[str] = "verdict"
+    holds: bool
+    message: str
+
+
+@dataclass
+class FailureRecord(Record):
+    """This rank stopped because a collective failed: ``message`` is the diagnosis."""
+
+    event: ClassVar[str] = "failure"
+    message: str
+    missing_ranks: list[int] = field(default_factory=list)
+
+
+@dataclass
+class EndRecord(Record):
+    """The last record of a rank that finished: its verdict and final parameters' sha256."""
+
+    event: ClassVar[str] = "end"
+    parity: bool
+    params_sha256: str
+
+
+_TYPES: dict[str, type[Record]] = {
+    t.event: t for t in (ConfigRecord, StepRecord, VerdictRecord, FailureRecord, EndRecord)
+}
+
+
+def _from_dict(data: Any) -> Record | None:
+    """A typed record, or None for an event this version does not know (newer writers)."""
+    if not isinstance(data, dict) or not isinstance(data.get("event"), str):
+        raise ValueError("not a record (no 'event')")
+    kind = _TYPES.get(data["event"])
+    if kind is None:
+        return None
+    names = {f.name for f in dataclasses.fields(kind)}
+    try:
+        return kind(**{k: v for k, v in data.items() if k in names})
+    except TypeError as e:
+        raise ValueError(f"{data['event']} record: {e}") from None
+
+
+def parse_record_line(text: str) -> Record | None:
+    """The record carried by one stdout line (``@ddp {json}``), else None."""
+    if not text.startswith(RECORD_PREFIX):
+        return None
+    try:
+        return _from_dict(json.loads(text[len(RECORD_PREFIX) :]))
+    except ValueError:
+        return None  # cut short by a kill: the file log has the rule for that
+
+
+class RecordLog:
+    """The writer: ``<log_dir>/rank<R>.jsonl``, flushed per record so a killed rank leaves what
+    it did; with ``echo`` also each record as one ``@ddp`` line on stdout."""
+
+    def __init__(self, log_dir: str | None, rank: int, echo: bool = False) -> None:
+        self._f: IO[str] | None = None
+        self._echo = echo
+        if log_dir:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            self._f = open(Path(log_dir) / f"rank{rank}.jsonl", "w")  # noqa: SIM115
+
+    def write(self, record: Record) -> None:
+        line = record.to_json()
+        if self._f is not None:
+            self._f.write(line + "\n")
+            self._f.flush()
+        if self._echo:
+            sys.stdout.write(f"{RECORD_PREFIX}{line}\n")
+            sys.stdout.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+@dataclass
+class RankLog:
+    """Everything one rank wrote, by kind."""
+
+    rank: int
+    records: list[Record] = field(default_factory=list)
+    torn: bool = False  # the last line was cut short and dropped
+
+    def _last(self, kind: type[Record]) -> Any:
+        return next((r for r in reversed(self.records) if isinstance(r, kind)), None)
+
+    @property
+    def config(self) -> ConfigRecord | None:
+        return self._last(ConfigRecord)
+
+    @property
+    def steps(self) -> list[StepRecord]:
+        return [r for r in self.records if isinstance(r, StepRecord)]
+
+    @property
+    def verdict(self) -> VerdictRecord | None:
+        return self._last(VerdictRecord)
+
+    @property
+    def failure(self) -> FailureRecord | None:
+        return self._last(FailureRecord)
+
+    @property
+    def end(self) -> EndRecord | None:
+        return self._last(EndRecord)
+
+
+def read_rank_log(path: Path, rank: int | None = None) -> RankLog:
+    """Read one ``rank<R>.jsonl`` (see the module's rule for a torn last line)."""
+    path = Path(path)
+    log = RankLog(rank if rank is not None else int(path.stem.removeprefix("rank")))
+    lines = [(n, line) for n, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+    for i, (n, line) in enumerate(lines):
+        try:
+            record = _from_dict(json.loads(line))
+        except ValueError as e:  # json.JSONDecodeError is a ValueError
+            if i == len(lines) - 1:
+                log.torn = True
+                break
+            raise LogError(f"{path}:{n}: not a record ({e})") from None
+        if record is not None:
+            log.records.append(record)
+    return log
+
+
+def load_run(log_dir: Path) -> dict[int, RankLog]:
+    """Every ``rank<R>.jsonl`` in ``log_dir``, by rank (empty when there is none)."""
+    logs = {}
+    for path in sorted(Path(log_dir).glob("rank*.jsonl")):
+        digits = path.stem.removeprefix("rank")
+        if digits.isdigit():
+            logs[int(digits)] = read_rank_log(path, int(digits))
+    return logs

@@ -1,0 +1,91 @@
+"""Flags every lab command shares, and the number converters behind them: one place, one
+wording, so ``--run-timeout`` means the same in every command."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from lab.engine.specs import DEFAULT_IMAGE
+
+__all__ = [
+    "add_collective_timeout",
+    "add_common",
+    "add_run_timeout",
+    "float_list",
+    "number",
+]
+
+
+def number(minimum: float = 0.0, *, strict: bool = False, kind: type = float) -> Callable:
+    """An argparse ``type``: a finite ``kind`` that is ``> minimum`` (``strict``) or ``>=``."""
+    bound = f"{'>' if strict else '>='} {minimum:g}"
+    word = "an integer" if kind is int else "a finite number"
+
+    def convert(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {word} {bound}, got {text!r}") from None
+        if not math.isfinite(value) or (value <= minimum if strict else value < minimum):
+            raise argparse.ArgumentTypeError(f"expected {word} {bound}, got {text!r}")
+        return value
+
+    convert.__name__ = kind.__name__  # argparse names the type in some messages
+    return convert
+
+
+def float_list(text: str) -> tuple[float, ...]:
+    """``"0,0.25,1"`` -> ``(0.0, 0.25, 1.0)``; argparse names the flag in the error."""
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers such as 0,0.25,1, got {text!r}"
+        ) from None
+
+
+def add_common(p: argparse.ArgumentParser, *, progress: bool = True) -> None:
+    """``--image``, ``--runs-dir`` and (for commands that show one) ``--no-progress``."""
+    p.add_argument("--image", default=DEFAULT_IMAGE, help="the lab image (default %(default)s)")
+    p.add_argument(
+        "--runs-dir",
+        type=Path,
+        default=Path("runs"),
+        help="where runs/<run-id>/ go (default %(default)s)",
+    )
+    if progress:
+        p.add_argument(
+            "--no-progress",
+            dest="progress",
+            action="store_false",
+            help="no progress bar or progress lines",
+        )
+
+
+def add_run_timeout(p: argparse.ArgumentParser, default: float, what: str = "the run") -> None:
+    """``--run-timeout``: wall-clock seconds ``what`` may take before lab stops it."""
+    p.add_argument(
+        "--run-timeout",
+        type=number(0, strict=True),
+        default=default,
+        metavar="S",
+        help=f"seconds {what} may take before it is stopped (default {default:g})",
+    )
+
+
+def add_collective_timeout(
+    p: argparse.ArgumentParser, default: float, *, keep_unset: bool = False
+) -> None:
+    """``--collective-timeout``: how long a rank waits for its peers (ddp's flag, same name).
+    ``keep_unset``: leave it out of the namespace when not given (a file's value stands)."""
+    p.add_argument(
+        "--collective-timeout",
+        dest="collective_timeout_s",
+        type=number(0, strict=True),
+        default=argparse.SUPPRESS if keep_unset else default,
+        metavar="S",
+        help=f"seconds a rank waits for its peers in one collective (default {default:g})",
+    )

@@ -1,0 +1,243 @@
+"""A run's containers, network and volume, as a context manager that always cleans up.
+
+``with Cluster(client, layout, run_dir=...) as cluster:`` creates the network, the volume and
+one idle container per node (if that fails half-way, what exists is removed before the error
+propagates); jobs are exec'd into the nodes with :meth:`Cluster.job` or :meth:`Cluster.train`;
+on the way out, also on errors and Ctrl-C, every job's output and its directory on the volume
+are copied into ``run_dir/<job>/`` and everything labelled with the run id is removed.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import docker
+import docker.errors
+from docker.models.containers import Container
+
+from ddp.config import TrainConfig
+from lab.engine.client import GONE, LabError, require_image
+from lab.engine.events import Event
+from lab.engine.job import Job
+from lab.engine.layout import Layout
+from lab.engine.specs import (
+    DEFAULT_IMAGE,
+    LABEL,
+    container_spec,
+    job_dir,
+    network_spec,
+    new_run_id,
+    resource_name,
+    volume_spec,
+)
+from lab.engine.training import train_argvs
+
+__all__ = ["Cluster", "NodeHandle", "down"]
+
+
+@dataclass
+class NodeHandle:
+    """One node's container and the global ranks it runs."""
+
+    index: int
+    ranks: list[int]
+    container: Container
+
+    @property
+    def name(self) -> str:
+        return f"node{self.index}"
+
+
+class Cluster:
+    """The containers, network and volume of one run, all labelled ``lab.run=<run_id>``."""
+
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        layout: Layout,
+        *,
+        image: str = DEFAULT_IMAGE,
+        run_id: str | None = None,
+        run_dir: Path | None = None,
+        lifetime_s: float = 3600.0,
+        net_admin: bool = False,
+        cpus: Mapping[int, float] | None = None,
+        echo: Callable[[str], None] = print,
+    ) -> None:
+        self.client, self.layout, self.image = client, layout, image
+        self.run_id = run_id or new_run_id()
+        self.run_dir = run_dir
+        self.lifetime_s, self.net_admin, self.cpus = lifetime_s, net_admin, dict(cpus or {})
+        self.echo = echo
+        self.nodes: list[NodeHandle] = []
+        self.jobs: list[Job] = []
+
+    def __enter__(self) -> Cluster:
+        require_image(self.client, self.image)
+        try:
+            self.client.networks.create(**network_spec(self.run_id))
+            self.client.volumes.create(**volume_spec(self.run_id))
+            for i in range(self.layout.nodes):
+                spec = container_spec(
+                    self.run_id, i, self.image, lifetime_s=self.lifetime_s,
+                    net_admin=self.net_admin, cpus=self.cpus.get(i),
+                )  # fmt: skip
+                container = self.client.containers.create(**spec)
+                self.nodes.append(NodeHandle(i, self.layout.ranks_of(i), container))
+            for node in self.nodes:
+                node.container.start()
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.run_dir is not None and self.nodes:
+                try:
+                    self.collect(self.run_dir)
+                except Exception as e:  # best effort: the error being raised matters more
+                    self.echo(f"warning: could not collect {self.run_dir}/: {e}")
+        finally:
+            removed = self.remove()
+            self.echo(f"removed {removed} containers/networks/volumes labelled {LABEL}={self.run_id}")
+
+    # --- jobs ---------------------------------------------------------------------------
+    def job(
+        self,
+        name: str,
+        argvs: dict[int, list[str]],
+        timeout_s: float,
+        *,
+        env: dict[str, str] | None = None,
+        echo: Callable[[Event], None] | None = None,
+    ) -> Job:
+        """Start ``argvs`` (rank -> argv) as job ``name``; its directory is made first."""
+        if any(j.name == name for j in self.jobs):
+            raise ValueError(f"job {name!r} already ran in this cluster; pick another name")
+        self.check(0, ["mkdir", "-p", f"{job_dir(name)}/logs"], f"create {job_dir(name)}")
+        job = Job(self, name, argvs, timeout_s, env=env, echo=echo)
+        self.jobs.append(job)
+        return job.start()
+
+    def train(
+        self,
+        name: str,
+        cfg: TrainConfig,
+        timeout_s: float,
+        *,
+        overrides: Mapping[int, Mapping[str, Any]] | None = None,
+        echo: Callable[[Event], None] | None = None,
+    ) -> Job:
+        """A training job: ``python -m ddp train`` on every rank (see :mod:`lab.engine.training`)."""
+        return self.job(name, train_argvs(name, self.layout, cfg, overrides), timeout_s, echo=echo)
+
+    # --- nodes --------------------------------------------------------------------------
+    def exec(self, node: int, argv: list[str]) -> tuple[int, str]:
+        """Run ``argv`` in a node (as root), returning exit code and combined output."""
+        result = self.nodes[node].container.exec_run(argv)
+        return result.exit_code, result.output.decode(errors="replace")
+
+    def check(self, node: int, argv: list[str], what: str) -> str:
+        code, out = self.exec(node, argv)
+        if code != 0:
+            raise LabError(f"could not {what} in node{node} (exit {code}): {out.strip()}")
+        return out
+
+    def address(self, node: int) -> str:
+        """The node's IP address on the run's network."""
+        container = self.nodes[node].container
+        container.reload()
+        return container.attrs["NetworkSettings"]["Networks"][resource_name(self.run_id)][
+            "IPAddress"
+        ]
+
+    def restart(self, node: int) -> None:
+        """A fresh main process in ``node`` (e.g. after it was killed or paused); the volume and
+        network stay, and nothing of an earlier job survives in it."""
+        container = self.nodes[node].container
+        container.reload()
+        if container.status == "paused":
+            container.unpause()
+        if container.status in ("running", "paused"):
+            container.kill()
+        container.wait(timeout=30)
+        container.start()
+
+    # --- results ------------------------------------------------------------------------
+    def collect(self, dest: Path) -> Path:
+        """Copy every job's output (``<job>/node<N>.log``) and its directory on the volume
+        (``<job>/logs/...``) into ``dest``."""
+        dest.mkdir(parents=True, exist_ok=True)
+        for job in self.jobs:
+            out = dest / job.name
+            out.mkdir(parents=True, exist_ok=True)
+            for node in self.nodes:
+                (out / f"{node.name}.log").write_text(job.output(node.index))
+            try:
+                # Any node sees the shared volume, and get_archive works on exited containers.
+                chunks, _ = self.nodes[0].container.get_archive(job_dir(job.name))
+                _extract(b"".join(chunks), out)
+            except docker.errors.NotFound:
+                continue  # the job never wrote there
+        return dest
+
+    def remove(self) -> int:
+        """Remove everything of this run (by label, so half-created runs go too)."""
+        for job in self.jobs:
+            job.close()
+        removed = down(self.client, self.run_id)
+        self.nodes = []
+        return removed
+
+
+def _extract(tar_bytes: bytes, dest: Path) -> None:
+    """Unpack a ``get_archive`` tar of one directory into ``dest``, keeping its layout.
+
+    Regular files only, and only paths that stay inside ``dest`` (no absolute paths, no
+    '..', no links): the archive comes from a container, which should not write on the host.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
+        for member in tar.getmembers():
+            name = PurePosixPath(member.name)
+            parts = name.parts[1:]  # drop the archived directory's own name
+            if not member.isfile() or name.is_absolute() or not parts or ".." in parts:
+                continue
+            target = dest.joinpath(*parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            data = tar.extractfile(member)
+            assert data is not None
+            target.write_bytes(data.read())
+
+
+def down(client: docker.DockerClient, run_id: str | None = None) -> int:
+    """Remove containers, networks and volumes labelled ``lab.run`` (``=run_id`` if given).
+
+    Containers go first: a network or volume in use cannot be removed.
+    """
+    selector = {"label": LABEL if run_id is None else f"{LABEL}={run_id}"}
+    removed = 0
+    for container in client.containers.list(all=True, filters=selector):
+        removed += _remove(container, force=True)
+    for network in client.networks.list(filters=selector):
+        removed += _remove(network)
+    for volume in client.volumes.list(filters=selector):
+        removed += _remove(volume, force=True)
+    return removed
+
+
+def _remove(resource: object, **kwargs: object) -> int:
+    try:
+        resource.remove(**kwargs)  # type: ignore[attr-defined]
+    except docker.errors.NotFound:
+        return 0  # removed concurrently (e.g. compose down, or a parallel lab down)
+    except GONE:
+        return 0  # e.g. a volume still in use by a container being removed; `lab down` again
+    return 1
+

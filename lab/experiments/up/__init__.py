@@ -1,0 +1,68 @@
+"""``python -m lab up``: run a topology to its parity verdict and leave nothing behind."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ddp.config import add_train_arguments, config_from_args
+from lab import args as common
+from lab.engine.layout import Layout
+from lab.experiments.up.plan import TOPOLOGIES, Topology, UpPlan, load_topology
+
+NAME = "up"
+HELP = "run a topology to its parity verdict, then remove it"
+DESCRIPTION = (
+    "Start one container per node on a private network with a shared volume, run "
+    "`python -m ddp train` on every rank, follow their records (progress bar, per-rank lines), "
+    "collect the logs into runs/<run-id>/ and re-judge parity from them. Everything the run "
+    "created is removed afterwards, also on errors and Ctrl-C."
+)
+EPILOG = f"""\
+Topology files: {TOPOLOGIES.relative_to(TOPOLOGIES.parents[3])}/*.yaml (nodes, ranks_per_node,
+train: any `python -m ddp train` setting); flags override the file.
+Files: runs/<run-id>/summary.json, topology.yaml, train/logs/rank<R>.jsonl, train/node<N>.log.
+Exit codes: 0 parity holds and every rank exited 0, 1 parity broken or a rank failed,
+2 bad arguments, 130 interrupted."""
+
+_TRAIN_FIELDS: list[str] = []
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topology", type=Path, help="a topology YAML file (default: 4 nodes x 1)")
+    p.add_argument("--nodes", type=common.number(1, kind=int), help="containers (default 4)")
+    p.add_argument(
+        "--ranks-per-node", type=common.number(1, kind=int), help="ranks per container (default 1)"
+    )
+    _TRAIN_FIELDS[:] = add_train_arguments(p, ("train",), keep_unset=True)
+    common.add_collective_timeout(p, 300.0, keep_unset=True)
+    common.add_run_timeout(p, 600.0, "the whole run")
+    common.add_common(p)
+
+
+def plan(args: argparse.Namespace) -> UpPlan:
+    base = load_topology(args.topology) if args.topology else Topology()
+    layout = Layout(
+        args.nodes if args.nodes is not None else base.layout.nodes,
+        args.ranks_per_node if args.ranks_per_node is not None else base.layout.ranks_per_node,
+    )
+    train = config_from_args(args, [*_TRAIN_FIELDS, "collective_timeout_s"], base.train)
+    same_layout = layout == base.layout
+    return UpPlan(
+        layout, train, base.name if same_layout else "", args.image, args.run_timeout,
+        args.runs_dir, args.progress,
+    )  # fmt: skip
+
+
+def run(plan: UpPlan):
+    from lab.experiments.up.run import run_up
+
+    return run_up(plan)
+
+
+def report(result) -> int:
+    from lab.experiments.up.report import format_summary, write_summary
+
+    write_summary(result)
+    print(format_summary(result))
+    return 0 if result.ok else 1

@@ -1,0 +1,69 @@
+"""``lab up``'s closing block and ``summary.json``: per-rank exits and resources, the verdict."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+from lab.experiments.up.run import UpResult
+
+__all__ = ["format_summary", "summary_dict", "write_summary"]
+
+
+def _num(value: float | None, width: int, fmt: str) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:{width}{fmt}}"
+
+
+def format_summary(result: UpResult) -> str:
+    plan, s = result.plan, result.sampler
+    lines = [
+        f"summary of run {result.run_id} ({plan.name}): training {result.training_s:.1f} s, "
+        f"total {result.total_s:.1f} s (containers created to removed)",
+        f"  {'node':<6} {'rank':>4} {'exit':>5} {'cpu s':>7} {'peak rss MiB':>13}  (per rank)",
+    ]
+    for rank, code in sorted(result.codes.items()):
+        cpu, mem = result.usage.get(rank, (None, None))
+        lines.append(
+            f"  {'node' + str(plan.layout.node_of(rank)):<6} {rank:>4} {code:>5} "
+            f"{_num(cpu, 7, '.1f')} {_num(mem, 13, '.0f')}"
+        )
+    peaks = ", ".join(f"{name} {u.peak_mib:.0f} MiB" for name, u in s.containers.items())
+    lines.append(f"  peak container memory (cgroup, sampled every {s.interval_s:g} s): {peaks}")
+    load = s.mean_host_cpu_percent()
+    if load is not None:
+        lines.append(f"  host: {os.cpu_count()} CPUs, mean load {load:.0f}% during the run")
+    lines.append(
+        f"  logs: {result.run_dir}/train/logs/, node output: {result.run_dir}/train/node*.log"
+    )
+    lines.append(result.verdict)
+    return "\n".join(lines)
+
+
+def summary_dict(result: UpResult) -> dict:
+    plan, s = result.plan, result.sampler
+    return {
+        "run_id": result.run_id,
+        "name": plan.name,
+        "layout": dataclasses.asdict(plan.layout),
+        "train": plan.train.to_dict(),
+        "exit_codes": {str(r): c for r, c in sorted(result.codes.items())},
+        "training_s": round(result.training_s, 3),
+        "total_s": round(result.total_s, 3),
+        "parity_holds": result.holds,
+        "verdict": result.verdict,
+        "containers": {n: dataclasses.asdict(u) for n, u in s.containers.items()},
+        "ranks": {
+            str(r): {"cpu_s": cpu, "peak_rss_mib": mib}
+            for r, (cpu, mib) in sorted(result.usage.items())
+        },
+        "host_cpus": os.cpu_count(),
+        "host_cpu_percent_mean": s.mean_host_cpu_percent(),
+    }
+
+
+def write_summary(result: UpResult) -> Path:
+    path = result.run_dir / "summary.json"
+    path.write_text(json.dumps(summary_dict(result), indent=2))
+    return path

@@ -1,0 +1,36 @@
+"""``python -m lab down``: remove what runs left behind (everything labelled ``lab.run``)."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "down"
+HELP = "remove everything labelled lab.run (left-over runs, compose runs)"
+DESCRIPTION = (
+    "Remove the containers, networks and volumes of lab runs that did not clean up after "
+    "themselves (a lab that was killed) and of `docker compose up` runs."
+)
+EPILOG = "Exit codes: 0 done (also when there was nothing to remove), 1 the engine failed."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run", metavar="RUN_ID", help="only this run id (default: every run)")
+
+
+def plan(args: argparse.Namespace) -> str | None:
+    return args.run
+
+
+def run(run_id: str | None) -> tuple[int, str]:
+    from lab.engine.client import connect
+    from lab.engine.cluster import down
+    from lab.engine.specs import LABEL
+
+    removed = down(connect(), run_id)
+    return removed, LABEL if run_id is None else f"{LABEL}={run_id}"
+
+
+def report(result: tuple[int, str]) -> int:
+    removed, label = result
+    print(f"removed {removed} containers/networks/volumes labelled {label}")
+    return 0

@@ -1,0 +1,81 @@
+"""``python -m lab image``: build the lab image from a registry, or offline from a wheelhouse."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from lab.engine.specs import DEFAULT_IMAGE
+
+NAME = "image"
+HELP = "build the lab image (from registries, or --offline from a host-side wheelhouse)"
+DESCRIPTION = (
+    "Build the image every node runs: CPU torch and this project. With a registry the build "
+    "starts from python:3.11-slim and takes torch from the PyTorch CPU index; --offline runs "
+    "the base image once to learn its Python and platform, downloads the wheels on the host "
+    "and builds with no network inside. Rebuild after changing ddp/ or lab/."
+)
+EPILOG = "Exit codes: 0 built, 1 the build failed (the message says why), 2 bad arguments."
+
+
+@dataclass(frozen=True)
+class ImagePlan:
+    offline: bool
+    base_image: str
+    tag: str
+    torch_index_url: str
+    wheelhouse: Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="pip download wheels on the host, build with no network inside",
+    )
+    p.add_argument(
+        "--base-image",
+        default="python:3.11-slim",
+        help="base image with python3 (default %(default)s)",
+    )
+    p.add_argument("--tag", default=DEFAULT_IMAGE, help="image tag (default %(default)s)")
+    p.add_argument(
+        "--torch-index-url",
+        default="https://download.pytorch.org/whl/cpu",
+        help="registry builds: index of CPU torch wheels (default %(default)s)",
+    )
+    p.add_argument(
+        "--wheelhouse",
+        type=Path,
+        default=Path("docker/wheelhouse"),
+        help="offline builds: wheel directory inside the repo (default %(default)s)",
+    )
+
+
+def plan(args: argparse.Namespace) -> ImagePlan:
+    return ImagePlan(args.offline, args.base_image, args.tag, args.torch_index_url, args.wheelhouse)
+
+
+def run(plan: ImagePlan) -> str:
+    from lab.engine.client import connect
+    from lab.engine.image import build_image, download_wheels, probe_base
+
+    client = connect(timeout_s=3600)  # a build step may print nothing for minutes
+    wheelhouse = None
+    if plan.offline:
+        base = probe_base(client, plan.base_image)
+        print(
+            f"base image {plan.base_image}: Python {base.python}, {base.machine}, "
+            f"glibc {base.glibc[0]}.{base.glibc[1]}; downloading wheels into {plan.wheelhouse}/"
+        )
+        wheels = download_wheels(base, plan.wheelhouse)
+        print(f"{len(wheels)} wheels in {plan.wheelhouse}/; building with no network")
+        wheelhouse = plan.wheelhouse
+    build_image(client, plan.tag, plan.base_image, wheelhouse, plan.torch_index_url)
+    return plan.tag
+
+
+def report(tag: str) -> int:
+    print(f"built {tag}")
+    return 0
