@@ -7,6 +7,7 @@ tested without an engine; :mod:`lab.engine.cluster` passes these dicts to the SD
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import time
@@ -26,7 +27,8 @@ __all__ = [
 ]
 
 LABEL = "lab.run"  # every container, network and volume lab makes carries lab.run=<run-id>
-DEFAULT_IMAGE = "ddp-lab:latest"
+# LAB_IMAGE as in compose.yaml: e.g. a second checkout builds and tests its own tag.
+DEFAULT_IMAGE = os.environ.get("LAB_IMAGE", "ddp-lab:latest")
 MOUNT = "/shared"  # the run's shared volume, mounted in every node
 
 _RUN_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
