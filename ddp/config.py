@@ -239,8 +239,8 @@ def add_train_arguments(
             if "metavar" in f.metadata:
                 kw["metavar"] = f.metadata["metavar"]
             if value is not None:
-                kw["help"] += f" (default {value:g})" if isinstance(value, float) else (
-                    f" (default {value})"
+                kw["help"] += (
+                    f" (default {value:g})" if isinstance(value, float) else (f" (default {value})")
                 )
         sections[f.metadata["group"]].add_argument(flag_of(f.name), **kw)
     return names

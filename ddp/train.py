@@ -236,7 +236,9 @@ def _train(
         with recorder.record("all_gather", step=step, nbytes=mine.numel() * 8 * world):
             dist.all_gather(everyone, mine)
         jlog.write(
-            StepRecord(rank, step, loss, mine_sum, step_ms, comm_s * 1e3, wall0, **timeline, **extra)
+            StepRecord(
+                rank, step, loss, mine_sum, step_ms, comm_s * 1e3, wall0, **timeline, **extra
+            )
         )
         if rank != 0:  # shown only with --log-all-ranks
             log.info(f"step {step}  loss {loss:.4f}  {step_ms:.1f} ms  comm {comm_s * 1e3:.1f} ms")

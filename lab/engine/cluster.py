@@ -105,7 +105,9 @@ class Cluster:
                     self.echo(f"warning: could not collect {self.run_dir}/: {e}")
         finally:
             removed = self.remove()
-            self.echo(f"removed {removed} containers/networks/volumes labelled {LABEL}={self.run_id}")
+            self.echo(
+                f"removed {removed} containers/networks/volumes labelled {LABEL}={self.run_id}"
+            )
 
     # --- jobs ---------------------------------------------------------------------------
     def job(
@@ -240,4 +242,3 @@ def _remove(resource: object, **kwargs: object) -> int:
     except GONE:
         return 0  # e.g. a volume still in use by a container being removed; `lab down` again
     return 1
-

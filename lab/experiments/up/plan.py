@@ -35,7 +35,9 @@ class Topology:
     def from_dict(cls, data: Any, source: str = "topology") -> Topology:
         """Build from parsed YAML, rejecting unknown keys so typos do not pass silently."""
         if not isinstance(data, dict):
-            raise ValueError(f"{source}: expected a mapping at top level, got {type(data).__name__}")
+            raise ValueError(
+                f"{source}: expected a mapping at top level, got {type(data).__name__}"
+            )
         unknown = sorted(set(data) - _KEYS)
         if unknown:
             raise ValueError(
@@ -50,7 +52,11 @@ class Topology:
             raise ValueError(f"{source}: train: {', '.join(owned)} are set by lab, not by files")
         try:
             layout = Layout(data.get("nodes", 4), data.get("ranks_per_node", 1))
-            return cls(layout, TrainConfig.from_dict(train, f"{source}: train"), str(data.get("name") or ""))
+            return cls(
+                layout,
+                TrainConfig.from_dict(train, f"{source}: train"),
+                str(data.get("name") or ""),
+            )
         except ValueError as e:
             raise ValueError(e if str(e).startswith(source) else f"{source}: {e}") from None
 

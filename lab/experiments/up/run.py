@@ -78,10 +78,14 @@ def failure_message(job: Job) -> str:
     # The survivors often say more than the rank that died (e.g. which peer went missing).
     for rank in failed:
         if rank != first:
-            lines.append(f"  rank {rank} exited with code {codes[rank]}:\n{job.last_lines(rank, 3)}")
+            lines.append(
+                f"  rank {rank} exited with code {codes[rank]}:\n{job.last_lines(rank, 3)}"
+            )
     if job.tails.get(None):
         lines.append(f"  node messages:\n{job.last_lines(None, 15)}")
-    lines.append("Fix the cause above; if the image is stale, rebuild it with `python -m lab image`")
+    lines.append(
+        "Fix the cause above; if the image is stale, rebuild it with `python -m lab image`"
+    )
     return "\n".join(lines)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp import DistributedDataParallel
-from ddp.parity import table_row_step
+from ddp.records import StepRecord, read_rank_log
 from tests.helpers import finish, train_ranks
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -46,10 +45,13 @@ def test_local_run_prints_table_and_parity_verdict(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[-1].startswith("parity holds: 2 replicas identical after all 3 steps")
-    assert [table_row_step(line) for line in lines if table_row_step(line)] == [1, 2, 3]
-    steps = [json.loads(x) for x in (tmp_path / "rank1.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps if s["event"] == "step"] == [1, 2, 3]
-    assert {"loss", "checksum", "step_ms", "comm_ms"} <= set(steps[1])
+    rows = [line.split()[0] for line in lines if line.startswith("    ")]
+    assert rows == ["1", "2", "3"]  # the table: one row per step
+    log = read_rank_log(tmp_path / "rank1.jsonl")
+    assert [s.step for s in log.steps] == [1, 2, 3]
+    assert all(isinstance(s, StepRecord) and s.step_ms > 0 for s in log.steps)
+    assert log.end is not None and log.end.parity and not log.torn
+    assert "@ddp" not in r.stdout  # records go to stdout only when asked (--emit-records)
 
 
 @pytest.mark.timeout(150)
@@ -62,8 +64,8 @@ def test_barrier_sync_breaks_parity():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--world-size", "4", "--batch-size", "10"], "not divisible by world size 4"),
-        (["--bucket-cap-mb", "-1"], "bucket_cap_mb must be >= 0"),
+        (["--world-size", "4", "--batch-size", "10"], "not divisible by the world size 4"),
+        (["--bucket-cap-mb", "-1"], "--bucket-cap-mb must be a number >= 0"),
         (["--model", "resnet"], "invalid choice"),
         (["--world-size", "0"], "--world-size must be >= 1"),
         (["train", "--rank", "0"], "pass all of --rank, --world-size and --init-method"),
@@ -87,7 +89,7 @@ def test_train_without_rendezvous_says_how(monkeypatch):
 @pytest.mark.timeout(150)
 def test_externally_launched_ranks(tmp_path):
     """What each container runs: one process per rank on a shared file:// rendezvous."""
-    procs = train_ranks(tmp_path, 2, "--steps", "3", "--timeout", "60")
+    procs = train_ranks(tmp_path, 2, "--steps", "3", "--collective-timeout", "60")
     outs = finish(procs, timeout_s=120)
     assert [p.returncode for p in procs] == [0, 0], outs
     assert "parity holds" in outs[0]

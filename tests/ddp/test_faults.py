@@ -4,7 +4,6 @@ within the collective timeout plus slack, and a resumed run must end bitwise ide
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ddp.checkpoint import list_checkpoints
+from ddp.records import read_rank_log
 from tests.helpers import finish, train_ranks
 
 WORLD = 3
@@ -22,11 +22,7 @@ TIMEOUT_S = 5
 
 def _step_reached(log: Path, step: int) -> bool:
     try:
-        return any(
-            json.loads(line).get("step") == step
-            for line in log.read_text().splitlines()
-            if line.endswith("}")
-        )
+        return any(s.step == step for s in read_rank_log(log).steps)
     except FileNotFoundError:
         return False
 
@@ -41,9 +37,9 @@ def _wait_for_step(log: Path, step: int, procs: list, timeout_s: float = 60) -> 
 
 
 def _end_hash(log: Path) -> str:
-    end = json.loads(log.read_text().splitlines()[-1])
-    assert end["event"] == "end", end
-    return end["params_sha256"]
+    end = read_rank_log(log).end
+    assert end is not None, log.read_text()[-300:]
+    return end.params_sha256
 
 
 @pytest.mark.timeout(120)
@@ -59,7 +55,7 @@ def test_survivors_name_the_missing_rank(tmp_path, sig):
         "100",
         "--batch-size",
         "48",
-        "--timeout",
+        "--collective-timeout",
         str(TIMEOUT_S),
         "--log-dir",
         str(logs),
@@ -86,7 +82,7 @@ def test_survivors_name_the_missing_rank(tmp_path, sig):
 
 @pytest.mark.timeout(200)
 def test_resume_after_a_kill_is_bitwise_identical(tmp_path):
-    args = ["--steps", "12", "--checkpoint-every", "3", "--timeout", "20"]
+    args = ["--steps", "12", "--checkpoint-every", "3", "--collective-timeout", "20"]
     plain = finish(train_ranks(tmp_path, 2, *args, "--log-dir", str(tmp_path / "plain")), 90)
     assert "parity holds" in plain[0], plain
 
