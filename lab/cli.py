@@ -65,10 +65,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit codes: 0 success, 1 failure, 2 bad arguments, 130 interrupted."""
+    from ddp.records import LogError
     from lab.engine.client import LabError
 
     parser, subparsers = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse would report these with the top-level usage
+        subparsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     mod = commands()[args.command]
     try:
@@ -77,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         subparsers[args.command].error(str(e))
     try:
         return mod.report(mod.run(plan))
-    except (LabError, FileNotFoundError) as e:
+    except (LabError, LogError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import docker
 import docker.errors
 from docker.models.containers import Container
 
+import docker
 from ddp.config import TrainConfig
 from lab.engine.client import GONE, LabError, require_image
 from lab.engine.events import Event
@@ -136,7 +136,7 @@ class Cluster:
         overrides: Mapping[int, Mapping[str, Any]] | None = None,
         echo: Callable[[Event], None] | None = None,
     ) -> Job:
-        """A training job: ``python -m ddp train`` on every rank (see :mod:`lab.engine.training`)."""
+        """A training job: ``python -m ddp train`` on every rank (:mod:`lab.engine.training`)."""
         return self.job(name, train_argvs(name, self.layout, cfg, overrides), timeout_s, echo=echo)
 
     # --- nodes --------------------------------------------------------------------------

@@ -149,13 +149,15 @@ class Job:
         With ``fail_grace_s``: once a rank exits non-zero, the others get that long to follow
         (they usually report the peer they lost) before the wait gives up on them.
         """
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         failed_at = None
-        for event in self.events(timeout_s):
-            if isinstance(event, ExitEvent) and event.code != 0 and failed_at is None:
+        while not self.done and time.monotonic() < deadline:
+            if failed_at is not None and time.monotonic() - failed_at > fail_grace_s:
+                break
+            self.poll()
+            failed = any(e.code != 0 for e in self.exits.values())
+            if fail_grace_s is not None and failed_at is None and failed:
                 failed_at = time.monotonic()
-            if failed_at is not None and fail_grace_s is not None:
-                if time.monotonic() - failed_at > fail_grace_s:
-                    break
         return self.running
 
     def close(self) -> None:

@@ -1,12 +1,12 @@
-"""CLI argument errors: caught before any Docker call, with the bad value named."""
-
-from pathlib import Path
+"""The lab's command line: built from the registry, every bad input refused before any Docker
+call with exit 2, the subcommand's usage and a message naming the flag."""
 
 import pytest
 
-from lab.cli import build_parser, main, topology_from_args
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "lab" / "topologies"
+from ddp.config import TrainConfig
+from lab.cli import build_parser, commands, main
+from lab.experiments.up import plan as up_plan
+from lab.experiments.up.plan import TOPOLOGIES
 
 
 def _error(argv, capsys) -> str:
@@ -20,37 +20,62 @@ def test_a_command_is_required(capsys):
     assert "COMMAND" in _error([], capsys)
 
 
+def test_every_command_is_listed_and_documented():
+    parser, subs = build_parser()
+    names = list(commands())
+    assert {"image", "down", "parity", "up"} <= set(names)
+    top = parser.format_help()
+    for name, p in subs.items():
+        assert name in top
+        text = p.format_help()
+        assert p.description and len(p.description) > 40, name
+        assert "Exit codes" in text, name
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["up", "--nodes", "0"], "nodes must be an integer >= 1, got 0"),
-        (["up", "--nodes", "3"], "must divide evenly over 3 ranks"),
-        (["up", "--ranks-per-node", "0"], "ranks_per_node must be an integer >= 1"),
-        (["up", "--steps", "0"], "steps must be an integer >= 1, got 0"),
-        (["up", "--bucket-cap-mb", "-2"], "bucket_cap_mb must be >= 0"),
+        (["up", "--nodes", "0"], "--nodes: expected an integer >= 1, got '0'"),
+        (["up", "--nodes", "3"], "--batch-size 64 is not divisible by the world size 3"),
+        (["up", "--ranks-per-node", "0"], "--ranks-per-node: expected an integer >= 1"),
+        (["up", "--steps", "0"], "--steps must be >= 1, got 0"),
+        (["up", "--bucket-cap-mb", "-2"], "--bucket-cap-mb must be a number >= 0, got -2.0"),
+        (["up", "--bucket-cap-mb", "nan"], "--bucket-cap-mb must be a number >= 0, got nan"),
         (["up", "--model", "huge"], "invalid choice: 'huge'"),
-        (["up", "--timeout", "0"], "must be > 0"),
+        (["up", "--run-timeout", "0"], "--run-timeout: expected a finite number > 0"),
+        (["up", "--collective-timeout", "-1"], "--collective-timeout: expected a finite"),
         (["up", "--steps", "many"], "invalid int value"),
         (["up", "--topology", "/nonexistent/t.yaml"], "cannot read topology file"),
         (["image", "--nope"], "unrecognized arguments: --nope"),
         (["parity"], "the following arguments are required: run_dir"),
+        (["parity", "/nonexistent"], "/nonexistent not found"),
     ],
 )
 def test_bad_arguments(argv, message, capsys):
-    assert message in _error(argv, capsys)
+    err = _error(argv, capsys)
+    assert message in err
+    assert f"usage: python -m lab {argv[0]}" in err  # the subcommand's usage, not the top's
+    assert "Traceback" not in err
+
+
+def _up(argv):
+    parser, _ = build_parser()
+    return up_plan(parser.parse_args(["up", *argv]))
+
+
+def test_up_defaults_are_ddps_defaults():
+    """Nothing in lab restates a training default: a bare `lab up` trains what a bare
+    `python -m ddp train` trains (TrainConfig's defaults), on 4 nodes x 1 rank."""
+    plan = _up([])
+    assert plan.train == TrainConfig()
+    assert (plan.layout.nodes, plan.layout.ranks_per_node, plan.name) == (4, 1, "4x1")
 
 
 def test_flags_override_the_topology_file():
-    args = build_parser().parse_args(
-        ["up", "--topology", str(EXAMPLES / "2x2.yaml"), "--steps", "5", "--no-overlap"]
-    )
-    topo = topology_from_args(args)
-    assert (topo.nodes, topo.ranks_per_node, topo.name) == (2, 2, "2x2")
-    assert (topo.train.steps, topo.train.overlap, topo.train.bucket_cap_mb) == (5, False, 25.0)
-
-
-def test_defaults_are_four_nodes_of_one_rank():
-    topo = topology_from_args(build_parser().parse_args(["up"]))
-    assert (topo.nodes, topo.ranks_per_node, topo.train.steps, topo.train.overlap) == (
-        4, 1, 20, True,
-    )  # fmt: skip
+    plan = _up(["--topology", str(TOPOLOGIES / "2x2.yaml"), "--steps", "5", "--no-overlap"])
+    assert (plan.layout.nodes, plan.layout.ranks_per_node, plan.name) == (2, 2, "2x2")
+    assert plan.train == TrainConfig(steps=5, overlap=False)
+    other = _up(["--topology", str(TOPOLOGIES / "2x2.yaml"), "--nodes", "4"])
+    assert (other.layout.world_size, other.name) == (8, "4x2")
+    timed = _up(["--collective-timeout", "12"])
+    assert timed.train.collective_timeout_s == 12.0

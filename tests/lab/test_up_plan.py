@@ -1,57 +1,40 @@
 """Topology files: the shipped examples parse, and bad files fail before any container exists."""
 
-from pathlib import Path
-
 import pytest
 
-from lab.topology import Topology, TrainSettings, load_topology
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "lab" / "topologies"
+from ddp.config import TrainConfig
+from lab.engine.layout import Layout
+from lab.experiments.up.plan import TOPOLOGIES, Topology, UpPlan, load_topology
 
 
 def test_shipped_examples_parse():
-    four = load_topology(EXAMPLES / "4x1.yaml")
-    two = load_topology(EXAMPLES / "2x2.yaml")
-    assert (four.nodes, four.ranks_per_node, four.world_size, four.name) == (4, 1, 4, "4x1")
-    assert (two.nodes, two.ranks_per_node, two.world_size, two.name) == (2, 2, 4, "2x2")
-    assert two.ranks_of(0) == [0, 1] and two.ranks_of(1) == [2, 3]
-    assert [two.node_of(r) for r in range(4)] == [0, 0, 1, 1]
-
-
-def test_defaults_match_ddp_defaults():
-    t = Topology.from_dict({})
-    assert (t.nodes, t.ranks_per_node) == (4, 1)
-    assert t.train == TrainSettings(steps=20, batch_size=64, bucket_cap_mb=25.0, overlap=True)
-
-
-def test_ddp_flags():
-    flags = TrainSettings(steps=5, bucket_cap_mb=0.25, overlap=False, model="deep").ddp_flags()
-    assert flags[:2] == ["--steps", "5"]
-    assert flags[flags.index("--bucket-cap-mb") + 1] == "0.25"
-    assert "--no-overlap" in flags and flags[flags.index("--model") + 1] == "deep"
-    assert "--no-overlap" not in TrainSettings().ddp_flags()
-    assert "--timeout" not in TrainSettings().ddp_flags()
-    timed = TrainSettings(collective_timeout_s=30, sync="barrier").ddp_flags()
-    assert timed[timed.index("--timeout") + 1] == "30"
-    assert timed[timed.index("--sync") + 1] == "barrier"
+    four = load_topology(TOPOLOGIES / "4x1.yaml")
+    two = load_topology(TOPOLOGIES / "2x2.yaml")
+    assert (four.layout, four.name, four.train) == (Layout(4, 1), "4x1", TrainConfig())
+    assert (two.layout, two.name) == (Layout(2, 2), "2x2")
+    assert two.layout.ranks_of(0) == [0, 1] and two.layout.ranks_of(1) == [2, 3]
+    assert [two.layout.node_of(r) for r in range(4)] == [0, 0, 1, 1]
+    assert two.layout.describe() == "2 nodes x 2 ranks" and Layout(1, 1).describe() == (
+        "1 node x 1 rank"
+    )
 
 
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"nodes": 0}, "nodes must be an integer >= 1"),
-        ({"nodes": True}, "nodes must be an integer"),
-        ({"nodes": "4"}, "nodes must be an integer"),
-        ({"ranks_per_node": 0}, "ranks_per_node must be an integer >= 1"),
-        ({"nodes": 3}, "batch_size 64 (global) must divide evenly over 3 ranks"),
+        ({"nodes": 0}, "--nodes must be an integer >= 1"),
+        ({"nodes": True}, "--nodes must be an integer"),
+        ({"nodes": "4"}, "--nodes must be an integer"),
+        ({"ranks_per_node": 0}, "--ranks-per-node must be an integer >= 1"),
         ({"node": 4}, "unknown key(s) node"),
         ({"train": {"stpes": 4}}, "unknown key(s) stpes"),
-        ({"train": {"model": "huge"}}, "model must be one of mini, deep, branchy"),
-        ({"train": {"bucket_cap_mb": -1}}, "bucket_cap_mb must be >= 0"),
-        ({"train": {"bucket_cap_mb": float("nan")}}, "bucket_cap_mb must be >= 0"),
-        ({"train": {"overlap": "no"}}, "overlap must be true or false"),
-        ({"train": {"steps": 0}}, "steps must be an integer >= 1"),
-        ({"train": {"sync": "none"}}, "sync must be one of"),
+        ({"train": {"model": "huge"}}, "--model must be one of mini, deep, branchy"),
+        ({"train": {"bucket_cap_mb": -1}}, "--bucket-cap-mb must be a number >= 0"),
+        ({"train": {"bucket_cap_mb": float("nan")}}, "--bucket-cap-mb must be a number >= 0"),
+        ({"train": {"overlap": "no"}}, "--no-overlap must be true or false"),
+        ({"train": {"steps": 0}}, "--steps must be >= 1"),
+        ({"train": {"sync": "gossip"}}, "--sync must be one of"),
+        ({"train": {"log_dir": "/x"}}, "log_dir are set by lab"),
         ({"train": [1, 2]}, "'train' must be a mapping"),
         ([1, 2], "expected a mapping"),
     ],
@@ -72,12 +55,11 @@ def test_load_errors(tmp_path):
         load_topology(bad)
 
 
-def test_overrides_keep_what_is_not_given():
-    base = load_topology(EXAMPLES / "2x2.yaml")
-    same = base.with_overrides(steps=None, model=None)
-    assert same == base
-    changed = base.with_overrides(nodes=4, steps=7, overlap=False)
-    assert (changed.nodes, changed.ranks_per_node, changed.world_size) == (4, 2, 8)
-    assert (changed.train.steps, changed.train.overlap, changed.name) == (7, False, "4x2")
+def test_plan_checks_the_batch_split_and_bounds():
+    with pytest.raises(ValueError, match="not divisible by the world size 3"):
+        UpPlan(Layout(3, 1))
+    with pytest.raises(ValueError, match="--run-timeout"):
+        UpPlan(run_timeout_s=0)
+    assert UpPlan(Layout(2, 2)).name == "2x2"
     with pytest.raises(ValueError, match="node must be in"):
-        base.ranks_of(2)
+        Layout(2, 2).ranks_of(2)
