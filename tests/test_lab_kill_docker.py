@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from lab.specs import LABEL
+
 from tests.helpers import leftovers
 
 pytestmark = pytest.mark.docker

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from lab.specs import LABEL
+
 from tests.helpers import leftovers
 
 pytestmark = pytest.mark.docker
