@@ -4,25 +4,26 @@
     python -m ddp --world-size 4 --steps 20
     python -m ddp --sync barrier            # replicas drift apart: parity broken, exit 1
     python -m ddp train --rank 1 --world-size 4 --init-method file:///shared/rdzv
-
-Exit codes: 0 parity holds, 1 parity broken, 2 bad arguments, 3 another rank died or stalled
-(the message names it: "diagnosis: rank 2 missing at step 5 ...").
     torchrun --nproc-per-node 2 -m ddp train
+
+Exit codes: see ``ddp.outcome``.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
-
-import torch.multiprocessing as mp
+from pathlib import Path
 
 from ddp.config import Rendezvous, TrainConfig, add_train_arguments, config_from_args
 from ddp.launch import spawn_local
 from ddp.logs import setup_logging
-from ddp.train import NothingToResume, PeerFailure, run_rank
+from ddp.outcome import EXIT_CODES, run_guarded
+from ddp.rendezvous import check_reachable
+from ddp.train import run_rank
 
 __all__ = ["main"]
 
@@ -30,11 +31,10 @@ log = logging.getLogger("ddp")
 
 
 def _run_local(args: argparse.Namespace, cfg: TrainConfig) -> int:
-    try:
-        return 0 if spawn_local(cfg, args.world_size) else 1
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
-        print(f"a rank failed, the run was stopped:\n{e}", file=sys.stderr)
-        return 1
+    out = spawn_local(cfg, args.world_size)
+    if out.message:
+        print(out.message, file=sys.stderr if out.code >= 2 else sys.stdout)
+    return out.code
 
 
 def _rendezvous(args: argparse.Namespace) -> Rendezvous:
@@ -48,49 +48,87 @@ def _rendezvous(args: argparse.Namespace) -> Rendezvous:
 
 def _run_one(cfg: TrainConfig, rdzv: Rendezvous) -> int:
     setup_logging(rdzv.rank, cfg.log_all_ranks)
+    out = run_guarded(rdzv.rank, cfg.log_dir, lambda: run_rank(cfg, rdzv))
+    if out.message:
+        # With --log-all-ranks the formatter names the rank already.
+        log.error(out.message if cfg.log_all_ranks else f"[rank{rdzv.rank}] {out.message}")
+    return out.code
+
+
+def _check_writable(flag: str, directory: str | Path | None) -> None:
+    """Refuse a directory the ranks could not write, before any process exists."""
+    if directory is None:
+        return
+    path = Path(directory)
     try:
-        return 0 if run_rank(cfg, rdzv) else 1
-    except PeerFailure as e:
-        log.error(f"[rank{rdzv.rank}] {e}")
-        return 3
-    except NothingToResume as e:
-        log.error(f"[rank{rdzv.rank}] {e}")
-        return 2
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".ddp-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"{flag} {directory}: cannot write there ({e.strerror})") from None
+
+
+_LOCAL = """\
+N CPU ranks on this host (gloo, a fresh file:// rendezvous, torch.multiprocessing.spawn) train
+a small model; rank 0 also trains the same model in one process on the same global batches and
+prints, per step, both losses and checksums, the largest parameter difference, whether all
+replicas are identical, and the step and communication times. `python -m ddp train` runs one
+rank that someone else launched (a container, torchrun): see `python -m ddp train --help`."""
+
+_ONE = """\
+One rank of a run launched by someone else: a container, a shell loop, or torchrun (then the
+rendezvous comes from torchrun's environment, env://). Rank 0 prints the parity table."""
+
+
+def _epilog() -> str:
+    codes = ", ".join(f"{c} {what}" for c, what in EXIT_CODES.items())
+    return (
+        f'exit codes: {codes}. The last line says which, e.g. "parity holds: ..." or '
+        '"diagnosis: rank 2 missing at step 5 (allreduce of bucket 0, seq 10); ranks 0,1,3 '
+        'noticed after 30.0 s".'
+    )
+
+
+def _parser(one_rank: bool) -> tuple[argparse.ArgumentParser, list[str]]:
+    p = argparse.ArgumentParser(
+        prog="python -m ddp train" if one_rank else "python -m ddp",
+        usage=None if one_rank else "python -m ddp [train] [options]",
+        description=_ONE if one_rank else _LOCAL,
+        epilog=_epilog(),
+    )
+    if one_rank:
+        p.add_argument("--rank", type=int, help="this process's rank (default: $RANK, torchrun)")
+        p.add_argument(
+            "--world-size", type=int, help="number of ranks (default: $WORLD_SIZE, torchrun)"
+        )
+        p.add_argument(
+            "--init-method",
+            help="file:///shared/path or tcp://host:port, the same on every rank "
+            "(default: env://, torchrun)",
+        )
+    else:
+        p.add_argument("--world-size", type=int, default=4, help="local ranks (default 4)")
+    return p, add_train_arguments(p)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     one_rank = argv[:1] == ["train"]
-    if one_rank:
-        p = argparse.ArgumentParser(
-            prog="python -m ddp train", description="Run one rank (containers, torchrun)."
-        )
-        p.add_argument("--rank", type=int, help="this process's rank (default: $RANK, torchrun)")
-        p.add_argument(
-            "--world-size", type=int, help="number of ranks (default: $WORLD_SIZE, torchrun)"
-        )
-        p.add_argument("--init-method", help="file:///path, tcp://host:port (default: env://)")
-        names = add_train_arguments(p)
-        args = p.parse_args(argv[1:])
-    else:
-        p = argparse.ArgumentParser(
-            prog="python -m ddp",
-            description=__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        p.add_argument(
-            "--world-size", type=int, default=4, help="local ranks (default %(default)s)"
-        )
-        names = add_train_arguments(p)
-        args = p.parse_args(argv)
-        if args.world_size < 1:
-            p.error(f"--world-size must be >= 1, got {args.world_size}")
-    # Bad input is refused here, before any process group exists; what fails later is not a
-    # usage error and keeps its own exit code (1 parity, 3 peer failure) or traceback.
+    p, names = _parser(one_rank)
+    args = p.parse_args(argv[1:] if one_rank else argv)
+    # Bad input is refused here, before any process group exists (exit 2); what fails later
+    # keeps its own exit code (1 parity, 3 a peer, 4 internal).
     try:
+        if not one_rank and args.world_size < 1:
+            raise ValueError(f"--world-size must be >= 1, got {args.world_size}")
         cfg = config_from_args(args, names)
         rdzv = _rendezvous(args) if one_rank else None
         cfg.local_batch(rdzv.world_size if rdzv else args.world_size)
+        _check_writable("--log-dir", cfg.log_dir)
+        _check_writable("--checkpoint-dir", cfg.checkpoints)
+        if rdzv is not None:
+            check_reachable(rdzv)
     except ValueError as e:
         p.error(str(e))
     return _run_one(cfg, rdzv) if rdzv else _run_local(args, cfg)

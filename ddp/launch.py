@@ -6,8 +6,10 @@ its module path, which ``python -m ddp``'s ``__main__`` does not have.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -17,6 +19,7 @@ import torch.multiprocessing as mp
 
 from ddp.config import Rendezvous, TrainConfig
 from ddp.logs import setup_logging
+from ddp.outcome import RankExit, run_guarded
 from ddp.train import run_rank
 
 __all__ = ["spawn_local", "spawn_ranks"]
@@ -27,7 +30,12 @@ def _child(
 ) -> None:
     # Ranks share the host's cores; intra-op threads of 4 ranks on 2 cores would fight.
     os.environ["OMP_NUM_THREADS"] = "1"
-    results.put((rank, fn(Rendezvous(rank=rank, world_size=world, init_method=init), *args)))
+    result = fn(Rendezvous(rank=rank, world_size=world, init_method=init), *args)
+    results.put((rank, result))
+    if isinstance(result, RankExit) and result.code >= 2:
+        # Exit as failed, so that torch's spawn ends the peers now instead of letting them
+        # wait out the collective timeout; the message already went through the queue.
+        sys.exit(result.code)
 
 
 def spawn_ranks(
@@ -41,7 +49,8 @@ def spawn_ranks(
     result (``fn`` must be importable by module path, and so must its result be picklable).
 
     A fresh rendezvous file per call: gloo's FileStore reuses a stale file and hangs. A rank that
-    raises or dies ends the others (torch's spawn terminates them) and its error is re-raised.
+    raises or dies ends the others (torch's spawn terminates them) and its error is re-raised,
+    with what the ranks returned before that as its ``results`` attribute.
     ``timeout_s`` bounds the whole run: past it every rank is killed and TimeoutError raised.
     """
     tmp = tempfile.mkdtemp(prefix="ddp-rdzv-", dir=rendezvous_dir)
@@ -59,6 +68,12 @@ def spawn_ranks(
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"{world_size} ranks did not finish within {timeout_s:.0f} s")
         return dict(results.get() for _ in range(world_size))
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+        e.results = {}  # type: ignore[attr-defined]
+        while not results.empty():
+            rank, value = results.get()
+            e.results[rank] = value  # type: ignore[attr-defined]
+        raise
     finally:
         for p in procs.processes:
             if p.is_alive():
@@ -67,12 +82,28 @@ def spawn_ranks(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _train_rank(rdzv: Rendezvous, cfg: TrainConfig) -> bool:
+def _train_rank(rdzv: Rendezvous, cfg: TrainConfig) -> RankExit:
     setup_logging(rdzv.rank, cfg.log_all_ranks)
-    return run_rank(cfg, rdzv)
+    return run_guarded(rdzv.rank, cfg.log_dir, lambda: run_rank(cfg, rdzv))
 
 
-def spawn_local(cfg: TrainConfig, world_size: int) -> bool:
-    """Train ``world_size`` local ranks; True iff parity holds."""
+def _worst(exits: dict[int, RankExit]) -> RankExit:
+    """The run's outcome: the most severe rank's (internal error, then a lost peer, then bad
+    input, then parity broken), with the lowest such rank's message."""
+    severity = {4: 4, 3: 3, 2: 2, 1: 1, 0: 0}
+    return max(sorted(exits.items()), key=lambda kv: severity.get(kv[1].code, 4))[1]
+
+
+def spawn_local(cfg: TrainConfig, world_size: int) -> RankExit:
+    """Train ``world_size`` local ranks; the run's exit code and final line."""
     cfg.local_batch(world_size)  # fail on a bad split before spawning anything
-    return all(spawn_ranks(_train_rank, world_size, cfg).values())
+    # torch's spawn warns for every peer it stops after a failure; the outcome says it once.
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    try:
+        return _worst(spawn_ranks(_train_rank, world_size, cfg))
+    except mp.ProcessExitedException as e:
+        exits: dict[int, RankExit] = getattr(e, "results", {})
+        if any(x.code >= 2 for x in exits.values()):
+            return _worst(exits)
+        how = f"was killed by {e.signal_name}" if e.signal_name else f"exited {e.exit_code}"
+        return RankExit(3, f"diagnosis: rank {e.error_index} {how} and the run was stopped")

@@ -33,6 +33,7 @@ from ddp.diagnosis import PeerFailure, explain_failure
 from ddp.distributed import DistributedDataParallel
 from ddp.flight_recorder import FlightRecorder
 from ddp.models import build_model
+from ddp.outcome import BadInput
 from ddp.parity import HEADER, ParityReport, StepRow
 from ddp.records import (
     ConfigRecord,
@@ -43,6 +44,7 @@ from ddp.records import (
     VerdictRecord,
 )
 from ddp.reference import Reference, checksum, max_param_diff, params_sha256, sgd
+from ddp.rendezvous import NeverJoined, join
 
 __all__ = ["NothingToResume", "PeerFailure", "run_rank"]
 
@@ -63,14 +65,22 @@ def run_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
     """Train one rank to the end; returns the parity verdict, which every rank agrees on.
 
     Raises ``PeerFailure`` (with the diagnosis as message) when a collective fails because
-    another rank died, stalled or was cut off.
+    another rank died, stalled or was cut off, or when a rank never joined (``NeverJoined``).
     """
+    jlog = RecordLog(cfg.log_dir, rdzv.rank, echo=cfg.emit_records)
+    try:
+        store = join(rdzv, cfg.collective_timeout_s)
+    except NeverJoined as e:
+        jlog.write(FailureRecord(rdzv.rank, str(e), e.missing_ranks))
+        jlog.close()
+        raise
+    rendezvous = {"store": store} if store is not None else {"init_method": rdzv.init_method}
     dist.init_process_group(
         "gloo",
-        init_method=rdzv.init_method,
         rank=rdzv.rank,
         world_size=rdzv.world_size,
         timeout=timedelta(seconds=cfg.collective_timeout_s),
+        **rendezvous,
     )
     started = time.time()
     recorder = FlightRecorder(rdzv.rank, rdzv.world_size)
@@ -78,7 +88,6 @@ def run_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
     if flight is not None:
         # Answers other ranks' dump requests even while this rank is blocked in a collective.
         recorder.watch(flight)
-    jlog = RecordLog(cfg.log_dir, rdzv.rank, echo=cfg.emit_records)
     try:
         try:
             holds = _train(cfg, rdzv.rank, rdzv.world_size, jlog, recorder)
@@ -97,7 +106,7 @@ def run_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
         dist.destroy_process_group()
 
 
-class NothingToResume(FileNotFoundError):
+class NothingToResume(BadInput, FileNotFoundError):
     """--resume found no complete checkpoint."""
 
 

@@ -143,3 +143,89 @@ def test_world_size_one_and_bad_cap(tmp_path):
             sparse(torch.tensor([1, 2])).sum().backward()
     finally:
         dist.destroy_process_group()
+
+
+def _one_line_error(r: subprocess.CompletedProcess) -> str:
+    """The message of a usage error: argparse's usage, then exactly one error line."""
+    lines = [x for x in r.stderr.splitlines() if x.startswith("python -m ddp")]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--log-dir", "/proc/forbidden"], "--log-dir /proc/forbidden: cannot write there"),
+        (
+            ["train", "--rank", "0", "--world-size", "2", "--init-method", "file:///nonexist/x"],
+            "directory /nonexist does not exist",
+        ),
+        (
+            ["train", "--rank", "0", "--world-size", "2", "--init-method", "tcp://host"],
+            "expected tcp://HOST:PORT",
+        ),
+        (
+            ["train", "--rank", "2", "--world-size", "2", "--init-method", "file:///tmp/x"],
+            "--rank must be in 0..1, got 2",
+        ),
+        (["--steps", "0"], "--steps must be >= 1, got 0"),
+        (["--checkpoint-every", "2"], "need a directory all ranks can read"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    r = _ddp(*args, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in _one_line_error(r)
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_that_never_joins_is_named_with_exit_3(tmp_path):
+    rdzv = tmp_path / "rdzv"
+    r = _ddp("train", "--rank", "0", "--world-size", "3", "--init-method", f"file://{rdzv}",
+             "--collective-timeout", "2", "--log-dir", str(tmp_path / "logs"),
+             "--batch-size", "60")  # fmt: skip
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert r.stdout.strip() == "" and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"[rank0] diagnosis: ranks 1, 2 never joined the rendezvous file://{rdzv} within 2 s "
+        "(1 of 3 ranks arrived)"
+    )
+    assert not rdzv.exists()  # nothing left behind for the next run to trip over
+    failure = read_rank_log(tmp_path / "logs" / "rank0.jsonl").failure
+    assert failure is not None and failure.missing_ranks == [1, 2]
+
+
+@pytest.mark.timeout(60)
+def test_a_stale_rendezvous_file_is_bad_input(tmp_path):
+    path = tmp_path / "rdzv"
+    store = dist.FileStore(str(path), 2)
+    store.set("ddp/joined/0", "1")  # what a crashed earlier run leaves behind
+    r = _ddp("train", "--rank", "0", "--world-size", "2", "--init-method", f"file://{path}",
+             "--collective-timeout", "5")  # fmt: skip
+    del store
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "is left over from an earlier run" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_an_internal_error_is_exit_4_with_the_traceback_kept(tmp_path):
+    from ddp.diagnosis import PeerFailure
+    from ddp.outcome import BadInput, RankExit, run_guarded
+
+    def boom():
+        raise KeyError("bucket 7")
+
+    out = run_guarded(1, str(tmp_path), boom)
+    assert out.code == 4 and out.message.startswith("internal error: KeyError: 'bucket 7'")
+    assert str(tmp_path / "rank1.traceback") in out.message
+    assert "Traceback" in (tmp_path / "rank1.traceback").read_text()
+
+    def peer():
+        raise PeerFailure("diagnosis: rank 2 missing")
+
+    def bad():
+        raise BadInput("nothing to resume")
+
+    assert run_guarded(0, None, peer) == RankExit(3, "diagnosis: rank 2 missing")
+    assert run_guarded(0, None, bad) == RankExit(2, "error: nothing to resume")
+    assert run_guarded(0, None, lambda: True) == RankExit(0)
+    assert run_guarded(0, None, lambda: False) == RankExit(1)
