@@ -1,6 +1,8 @@
 """The lab's command line: built from the registry, every bad input refused before any Docker
 call with exit 2, the subcommand's usage and a message naming the flag."""
 
+import argparse
+
 import pytest
 
 from ddp.config import TrainConfig
@@ -79,3 +81,19 @@ def test_flags_override_the_topology_file():
     assert (other.layout.world_size, other.name) == (8, "4x2")
     timed = _up(["--collective-timeout", "12"])
     assert timed.train.collective_timeout_s == 12.0
+
+
+def test_every_flag_has_help_and_shows_its_default():
+    _, subs = build_parser()
+    for name, p in subs.items():
+        for action in p._actions:
+            if action.dest == "help" or not action.option_strings:
+                continue
+            flag = action.option_strings[0]
+            assert action.help, f"{name} {flag} has no help"
+            valued = action.nargs != 0 and action.default not in (None, False)
+            if valued and action.default is not argparse.SUPPRESS:
+                assert "default" in action.help, f"{name} {flag}: default not shown"
+            if action.choices:  # shown, not hidden behind a metavar such as MODE
+                text = p.format_help()
+                assert all(str(c) in text for c in action.choices), f"{name} {flag}"
