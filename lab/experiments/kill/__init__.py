@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import TYPE_CHECKING
 
 from ddp.config import TrainConfig, add_train_arguments, config_from_args, flag_of
 from lab import args as common
 from lab.experiments.kill.plan import DEFAULT_TRAIN, RUN_TIMEOUT_HELP, KillPlan
 from lab.faults import FAULTS
+
+if TYPE_CHECKING:
+    from lab.experiments.kill.result import KillResult
+
+__all__ = ["DESCRIPTION", "EPILOG", "HELP", "NAME", "add_arguments", "plan", "report", "run"]
 
 NAME = "kill"
 HELP = "kill, pause or cut off one rank mid-run; diagnose; optionally recover"
@@ -115,13 +121,13 @@ def plan(args: argparse.Namespace) -> KillPlan:
     )
 
 
-def run(plan: KillPlan):
+def run(plan: KillPlan) -> KillResult:
     from lab.experiments.kill.run import run_kill
 
     return run_kill(plan)
 
 
-def report(result) -> int:
+def report(result: KillResult) -> int:
     from lab.experiments.kill.summary import summarize, write_summary
 
     summary = summarize(result)

@@ -30,14 +30,14 @@ __all__ = ["run_kill"]
 
 _FAIL_GRACE_S = 10.0  # after a rank fails, how long the others get to say what they saw
 _EXIT_AFTER_RELEASE_S = 30.0  # a released rank's container stream ends within this
-Echo = Callable[[str], None]
+_Echo = Callable[[str], None]
 
 
 class _Follower:
     """A phase's echo: rank lines under one prefix, rank 0's steps as progress, and the
     failure records with the time they arrived."""
 
-    def __init__(self, name: str, plan: KillPlan, echo: Echo) -> None:
+    def __init__(self, name: str, plan: KillPlan, echo: _Echo) -> None:
         self.name = name
         self.progress = Progress(plan.train.steps, enabled=plan.progress, echo=echo)
         self.failures: dict[int, tuple[float, FailureRecord]] = {}
@@ -74,7 +74,7 @@ def _failed(name: str, job: Job, what: str) -> NodeFailed:
     )
 
 
-def _undisturbed(cluster: Cluster, plan: KillPlan, name: str, echo: Echo) -> PhaseOutcome:
+def _undisturbed(cluster: Cluster, plan: KillPlan, name: str, echo: _Echo) -> PhaseOutcome:
     """Run a phase to its end; every rank must exit 0 (parity holds)."""
     start = ", from the newest checkpoint of the fault phase" if name == "resume" else ""
     echo(f"== {name}: {plan.train.steps} steps{start} (logs in {job_dir(name)}/logs)")
@@ -96,7 +96,7 @@ def _undisturbed(cluster: Cluster, plan: KillPlan, name: str, echo: Echo) -> Pha
 
 
 def _fault_phase(
-    cluster: Cluster, plan: KillPlan, fault: Fault, echo: Echo
+    cluster: Cluster, plan: KillPlan, fault: Fault, echo: _Echo
 ) -> tuple[PhaseOutcome, Injection, list[str]]:
     prev = plan.at_step - 1
     when, goal = (
@@ -149,7 +149,7 @@ def _fault_phase(
     return follower.outcome(job), injection, notes
 
 
-def run_kill(plan: KillPlan, echo: Echo = print) -> KillResult:
+def run_kill(plan: KillPlan, echo: _Echo = print) -> KillResult:
     """Run every phase of ``plan`` on one cluster; collect; always clean up."""
     client = connect()
     started = time.monotonic()
