@@ -19,4 +19,4 @@ class Kill(Fault):
 
     def inject(self) -> None:
         self._container().kill()
-        self.detail = "docker kill (SIGKILL)"
+        self.detail = "docker kill"

@@ -58,6 +58,7 @@ def test_kill_is_one_docker_kill_and_leaves_nothing_to_release():
     with FAULTS["kill"]() as fault:
         fault.prepare(cluster, 1)
         fault.inject()
+        assert fault.detail == "docker kill"
         assert fault.release() is None
     assert [n.container.calls for n in cluster.nodes] == [[], ["kill"], []]
     assert cluster.execs == []

@@ -40,7 +40,7 @@ def _plan(*extra: str) -> KillPlan:
         (["--recover", "--checkpoint-every", "5"], "no checkpoint exists before the fault"),
         (["--step-delay-ms", "-5"], "--step-delay-ms must be a number >= 0"),
         (["--steps", "x"], "argument --steps: invalid int value: 'x'"),
-        (["--timeout", "30"], "unrecognized arguments: --timeout 30"),  # renamed
+        (["--timeout", "30"], "argument --timeout: was renamed: --collective-timeout S is"),
     ],
 )
 def test_bad_arguments_fail_before_anything_starts(extra, message, capsys):

@@ -63,6 +63,13 @@ def _add_fields(p: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
         )
 
 
+def _renamed(text: str) -> None:
+    raise argparse.ArgumentTypeError(
+        "was renamed: --collective-timeout S is how long a rank waits for its peers, "
+        "--run-timeout S bounds a phase"
+    )
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--rank",
@@ -103,6 +110,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         derived=RUN_TIMEOUT_HELP,
     )
     common.add_common(p)
+    p.add_argument("--timeout", type=_renamed, help=argparse.SUPPRESS)  # the old flag, explained
 
 
 def plan(args: argparse.Namespace) -> KillPlan:

@@ -123,6 +123,7 @@ def _fault_phase(
             f"rank {plan.rank} did not {goal} within --run-timeout {plan.run_timeout_s:g} s; "
             f"its last lines:\n{job.last_lines(plan.rank)}"
         )
+    # Inject before handling any further event: the target is sleeping in step S's delay now.
     start = time.time()
     fault.inject()
     end = time.time()
@@ -130,7 +131,7 @@ def _fault_phase(
     injection = Injection(
         plan.mode, plan.rank, plan.node, said, trigger.t, start, end, fault.detail
     )
-    echo(
+    follower.progress.write(
         f"[lab] {end - job.started:+.2f} s: {plan.mode} rank {plan.rank} (node{plan.node}), "
         f"the Docker call took {end - start:.3f} s"
     )
@@ -168,7 +169,7 @@ def run_kill(plan: KillPlan, echo: _Echo = print) -> KillResult:
     # The fault is the inner context: it is released before the cluster collects and removes.
     with cluster, plan.fault() as fault:
         for i, name in enumerate(plan.phases):
-            if i:
+            if i:  # nothing of the last phase runs on (a killed node starts again)
                 for node in cluster.nodes:
                     cluster.restart(node.index)
             if name == "fault":
