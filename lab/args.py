@@ -65,14 +65,22 @@ def add_common(p: argparse.ArgumentParser, *, progress: bool = True) -> None:
         )
 
 
-def add_run_timeout(p: argparse.ArgumentParser, default: float, what: str = "the run") -> None:
-    """``--run-timeout``: wall-clock seconds ``what`` may take before lab stops it."""
+def add_run_timeout(
+    p: argparse.ArgumentParser,
+    default: float | None,
+    what: str = "the run",
+    *,
+    derived: str = "",
+) -> None:
+    """``--run-timeout``: wall-clock seconds ``what`` may take before lab stops it.
+    ``default`` None: the plan derives it from other flags, as ``derived`` says in --help."""
+    shown = f"{default:g}" if default is not None else derived or "derived from the other flags"
     p.add_argument(
         "--run-timeout",
         type=number(0, strict=True),
         default=default,
         metavar="S",
-        help=f"seconds {what} may take before it is stopped (default {default:g})",
+        help=f"seconds {what} may take before it is stopped (default {shown})",
     )
 
 

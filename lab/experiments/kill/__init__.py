@@ -1,0 +1,144 @@
+"""``python -m lab kill``: hit one rank of a run mid-step, report who noticed what, recover."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import TYPE_CHECKING
+
+from ddp.config import TrainConfig, add_train_arguments, config_from_args, flag_of
+from lab import args as common
+from lab.experiments.kill.plan import DEFAULT_TRAIN, RUN_TIMEOUT_HELP, KillPlan
+from lab.faults import FAULTS
+
+if TYPE_CHECKING:
+    from lab.experiments.kill.result import KillResult
+
+__all__ = ["DESCRIPTION", "EPILOG", "HELP", "NAME", "add_arguments", "plan", "report", "run"]
+
+NAME = "kill"
+HELP = "kill, pause or cut off one rank mid-run; diagnose; optionally recover"
+DESCRIPTION = (
+    "Inject a fault into one rank of a run (one rank per container) during a chosen step: "
+    "lab follows the ranks' records and hits the target as soon as it reports the step "
+    "before. The survivors notice, dump their flight recorders and exit with ddp's diagnosis; "
+    "lab prints a timeline, a per-rank table and whether the diagnosis names the rank it hit. "
+    "With --recover an uninterrupted run comes first and every rank resumes from the newest "
+    "checkpoint after the fault. Everything the run created is removed afterwards, also on "
+    "errors and Ctrl-C."
+)
+_MODES = "\n".join(f"  {name:<10} {fault.HELP}" for name, fault in FAULTS.items())
+EPILOG = f"""\
+Modes:
+{_MODES}
+The last line names the missing rank, e.g.
+  diagnosis: rank 2 missing at step 5 (allreduce of bucket 0, seq 10); ranks 0,1,3
+    noticed after 30.0 s
+With --recover it is followed by
+  recovered: final parameters bitwise identical to an uninterrupted run
+Files: runs/<run-id>/report.json, <phase>/logs/rank<R>.jsonl, fault/logs/flight/
+flight_rank<R>.json, <phase>/node<N>.log (phases: reference, fault, resume).
+Exit codes: 0 the diagnosis names the rank that was hit (and the recovery is bitwise
+identical), 1 otherwise or a phase failed, 2 bad arguments, 130 interrupted."""
+
+_TRAIN_FIELDS: list[str] = []
+# Of the "fault" group, what a user sets here; lab sets the checkpoint directory and --resume
+# per phase, and --collective-timeout comes from lab.args like in every command.
+_FAULT_FIELDS = ("checkpoint_every", "step_delay_ms")
+
+
+def _add_fields(p: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
+    """Flags of single TrainConfig fields, their help and metavar from the field's metadata."""
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    group = p.add_argument_group("faults and recovery")
+    for name in names:
+        f, default = fields[name], getattr(DEFAULT_TRAIN, name)
+        group.add_argument(
+            flag_of(name),
+            dest=name,
+            type=type(f.default),
+            default=default,
+            metavar=f.metadata.get("metavar"),
+            help=f"{f.metadata['help']} (default {default:g})",
+        )
+
+
+def _renamed(text: str) -> None:
+    raise argparse.ArgumentTypeError(
+        "was renamed: --collective-timeout S is how long a rank waits for its peers, "
+        "--run-timeout S bounds a phase"
+    )
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--rank",
+        type=common.number(0, kind=int),
+        required=True,
+        help="the rank to hit (one rank per node, so also its node)",
+    )
+    p.add_argument(
+        "--at-step",
+        type=common.number(1, kind=int),
+        required=True,
+        help="the step (1-based) during which the fault lands",
+    )
+    p.add_argument(
+        "--mode",
+        required=True,
+        choices=tuple(FAULTS),
+        help="how to hit it: " + ", ".join(FAULTS) + " (see below)",
+    )
+    p.add_argument(
+        "--recover",
+        action="store_true",
+        help="resume from the last checkpoint and compare bitwise with an uninterrupted run",
+    )
+    p.add_argument(
+        "--nodes",
+        type=common.number(2, kind=int),
+        default=4,
+        help="containers, one rank each (default %(default)s)",
+    )
+    _TRAIN_FIELDS[:] = add_train_arguments(p, ("train",), defaults=DEFAULT_TRAIN)
+    _add_fields(p, _FAULT_FIELDS)
+    common.add_collective_timeout(p, DEFAULT_TRAIN.collective_timeout_s)
+    common.add_run_timeout(
+        p,
+        None,
+        "an undisturbed phase (and the fault phase up to the injection)",
+        derived=RUN_TIMEOUT_HELP,
+    )
+    common.add_common(p)
+    p.add_argument("--timeout", type=_renamed, help=argparse.SUPPRESS)  # the old flag, explained
+
+
+def plan(args: argparse.Namespace) -> KillPlan:
+    names = [*_TRAIN_FIELDS, *_FAULT_FIELDS, "collective_timeout_s"]
+    return KillPlan(
+        rank=args.rank,
+        at_step=args.at_step,
+        mode=args.mode,
+        train=config_from_args(args, names, DEFAULT_TRAIN),
+        nodes=args.nodes,
+        recover=args.recover,
+        run_timeout_s=args.run_timeout,
+        image=args.image,
+        runs_dir=args.runs_dir,
+        progress=args.progress,
+    )
+
+
+def run(plan: KillPlan) -> KillResult:
+    from lab.experiments.kill.run import run_kill
+
+    return run_kill(plan)
+
+
+def report(result: KillResult) -> int:
+    from lab.experiments.kill.summary import summarize, write_summary
+
+    summary = summarize(result)
+    write_summary(result, summary)
+    print("\n".join(summary.lines(result.plan.at_step)))
+    return 0 if summary.ok else 1
