@@ -143,22 +143,29 @@ class Job:
             if event is not None:
                 yield event
 
-    def wait(self, timeout_s: float | None = None, fail_grace_s: float | None = None) -> list[int]:
-        """Follow until every rank exited or the deadline; returns the ranks still running.
+    def wait(
+        self,
+        timeout_s: float | None = None,
+        fail_grace_s: float | None = None,
+        ranks: list[int] | None = None,
+    ) -> list[int]:
+        """Follow until ``ranks`` (default: all) exited or the deadline; returns those still
+        running (others may run on, e.g. a paused rank).
 
         With ``fail_grace_s``: once a rank exits non-zero, the others get that long to follow
         (they usually report the peer they lost) before the wait gives up on them.
         """
+        ranks = self.ranks if ranks is None else ranks
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         failed_at = None
-        while not self.done and time.monotonic() < deadline:
+        while any(r not in self.exits for r in ranks) and time.monotonic() < deadline:
             if failed_at is not None and time.monotonic() - failed_at > fail_grace_s:
                 break
             self.poll()
             failed = any(e.code != 0 for e in self.exits.values())
             if fail_grace_s is not None and failed_at is None and failed:
                 failed_at = time.monotonic()
-        return self.running
+        return [r for r in ranks if r not in self.exits]
 
     def close(self) -> None:
         """Stop following (the nodes live on, e.g. into the next job)."""

@@ -57,15 +57,6 @@ class _Follower:
         return PhaseOutcome(self.name, job.started, dict(job.exits), dict(self.failures))
 
 
-def _wait_exits(job: Job, ranks: list[int], timeout_s: float) -> list[int]:
-    """Follow ``job`` until ``ranks`` exited (others may run on, e.g. a paused one); returns
-    those still running at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while any(r not in job.exits for r in ranks) and time.monotonic() < deadline:
-        job.poll()
-    return [r for r in ranks if r not in job.exits]
-
-
 def _failed(name: str, job: Job, what: str) -> NodeFailed:
     rank = min((r for r, c in job.codes.items() if c != 0), key=lambda r: job.exits[r].t)
     return NodeFailed(
@@ -136,7 +127,7 @@ def _fault_phase(
         f"the Docker call took {end - start:.3f} s"
     )
     notes = []
-    running = _wait_exits(job, plan.survivors, plan.notice_timeout_s)
+    running = job.wait(plan.notice_timeout_s, ranks=plan.survivors)
     if running:
         notes.append(
             f"ranks {running} were still running {plan.notice_timeout_s:g} s after the fault "
@@ -145,7 +136,7 @@ def _fault_phase(
     released = fault.release()  # the survivors are done: now a paused rank may go
     if released:
         notes.append(released)
-    _wait_exits(job, job.ranks, _EXIT_AFTER_RELEASE_S)
+    job.wait(_EXIT_AFTER_RELEASE_S)
     job.close()
     return follower.outcome(job), injection, notes
 
