@@ -41,7 +41,7 @@ def test_compose_up_reaches_parity(project):
     up = _compose(project, "up", env={"STEPS": "10"})
     assert up.returncode == 0, up.stdout + up.stderr
     out = up.stdout.splitlines()
-    verdicts = [line for line in out if "node0" in line and "parity" in line]
+    verdicts = [line for line in out if "-node0-" in line and "parity" in line]
     assert verdicts and "parity holds: 4 replicas identical after all 10 steps" in verdicts[-1]
     summary = [line for line in out if "node exit codes:" in line]
     assert summary and summary[-1].endswith(
