@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddp.flight_recorder import FlightRecorder, load_dumps, request_dumps
+from ddp.gloo_errors import error_meaning
 
 __all__ = ["Diagnosis", "PeerFailure", "diagnose", "explain_failure", "wait_for_dumps"]
 
@@ -194,7 +195,7 @@ def explain_failure(
     ``directory`` must be shared by all ranks (the log volume); without one, only this rank's
     view is known and the message says how to get a full diagnosis.
     """
-    gloo = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    gloo = error_meaning(str(error)) or type(error).__name__
     if directory is None:
         return PeerFailure(
             f"diagnosis unavailable: a collective failed ({gloo}); pass --log-dir on a "
@@ -213,4 +214,4 @@ def explain_failure(
     except OSError as e:  # the shared volume failing us must not hide the original failure
         return PeerFailure(f"diagnosis unavailable: a collective failed ({gloo}); {e}")
     diag = diagnose(dumps, recorder.world_size)
-    return PeerFailure(f"diagnosis: {diag.summary()} [{gloo}]", diag.missing_ranks)
+    return PeerFailure(f"diagnosis: {diag.summary()} ({gloo})", diag.missing_ranks)
