@@ -16,11 +16,12 @@ from pathlib import Path
 import yaml
 
 from ddp.parity import check_logs
-from ddp.records import ConfigRecord, StepRecord
+from ddp.records import StepRecord
 from lab.engine.client import NodeFailed, RunTimeout, connect
 from lab.engine.cluster import Cluster
 from lab.engine.events import Event, LineEvent, RecordEvent
 from lab.engine.job import Job
+from lab.engine.specs import new_run_id
 from lab.engine.stats import ResourceSampler
 from lab.experiments.up.plan import UpPlan
 from lab.progress import Progress
@@ -49,7 +50,9 @@ class UpResult:
         return self.holds and all(code == 0 for code in self.codes.values())
 
 
-def _show(progress: Progress, total_steps: int) -> Callable[[Event], None]:
+def _show(progress: Progress) -> Callable[[Event], None]:
+    """Every rank's lines under one prefix; rank 0's step records move the progress."""
+
     def show(event: Event) -> None:
         if isinstance(event, LineEvent):
             who = f"node{event.node}" + ("" if event.rank is None else f"/rank{event.rank}")
@@ -57,8 +60,6 @@ def _show(progress: Progress, total_steps: int) -> Callable[[Event], None]:
         elif isinstance(event, RecordEvent) and event.rank == 0:
             if isinstance(event.record, StepRecord):
                 progress.update(event.record.step)
-            elif isinstance(event.record, ConfigRecord):
-                progress.total = total_steps - event.record.start_step
 
     return show
 
@@ -94,26 +95,24 @@ def run_up(plan: UpPlan, echo: Callable[[str], None] = print) -> UpResult:
     client = connect()
     started = time.monotonic()
     progress = Progress(plan.train.steps, enabled=plan.progress, echo=echo)
+    run_id = new_run_id()
+    run_dir = plan.runs_dir / run_id
     cluster = Cluster(
-        client, plan.layout, image=plan.image, lifetime_s=plan.run_timeout_s + 300, echo=echo
-    )
-    cluster.run_dir = run_dir = plan.runs_dir / cluster.run_id
+        client, plan.layout, image=plan.image, run_id=run_id, run_dir=run_dir,
+        lifetime_s=plan.run_timeout_s + 300, echo=echo,
+    )  # fmt: skip
     echo(
-        f"run {cluster.run_id}: {plan.name} = {plan.layout.describe()}, image {plan.image}, "
+        f"run {run_id}: {plan.name} = {plan.layout.describe()}, image {plan.image}, "
         f"output in {run_dir}/"
     )
     sampler: ResourceSampler | None = None
     try:
         with cluster:
             sampler = ResourceSampler(cluster.nodes).start()
-            job = cluster.train(
-                JOB, plan.train, plan.run_timeout_s, echo=_show(progress, plan.train.steps)
-            )
+            job = cluster.train(JOB, plan.train, plan.run_timeout_s, echo=_show(progress))
             running = job.wait(plan.run_timeout_s + 30, fail_grace_s=_FAIL_GRACE_S)
-            progress.close()
-            sampler.stop()
-            _raise_if_unfinished(job, running, plan.run_timeout_s)
             _write_yaml(run_dir / "topology.yaml", plan)
+            _raise_if_unfinished(job, running, plan.run_timeout_s)
     finally:
         progress.close()
         if sampler is not None:
