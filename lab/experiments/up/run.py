@@ -57,8 +57,10 @@ def _show(progress: Progress) -> Callable[[Event], None]:
         if isinstance(event, LineEvent):
             who = f"node{event.node}" + ("" if event.rank is None else f"/rank{event.rank}")
             progress.write(f"[{who}] {event.text}")
-        elif isinstance(event, RecordEvent) and isinstance(event.record, StepRecord):
-            progress.update(event.record.step if event.rank == 0 else progress.done)
+            return
+        record = event.record if isinstance(event, RecordEvent) else None
+        if isinstance(record, StepRecord) and event.rank == 0:
+            progress.update(record.step)
 
     return show
 
