@@ -7,7 +7,7 @@ import docker.errors
 import pytest
 import requests.exceptions
 
-from lab.specs import DEFAULT_IMAGE
+from lab.engine.specs import DEFAULT_IMAGE
 
 
 @pytest.fixture(scope="session")
