@@ -8,4 +8,4 @@ from __future__ import annotations
 
 __all__ = ["EXPERIMENTS"]
 
-EXPERIMENTS = ("up",)  # lab.experiments.<name>
+EXPERIMENTS = ("up", "latency")  # lab.experiments.<name>
