@@ -4,6 +4,7 @@ step records, and which exits count as finished (from exit codes and end records
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from lab.experiments.latency.plan import LatencyPlan
 from lab.experiments.latency.sweep import _check_finished, _follow
 from lab.progress import Progress
 
+RUN = Path("runs/r1")
 PLANNED = LatencyPlan(caps=(1,)).jobs(5.0)[1]  # cap 1 MB, overlap on, round 1
 
 
@@ -29,8 +31,8 @@ class _Job:
 
 
 def test_finished_means_exit_0_or_1_with_an_end_record():
-    _check_finished(_Job({0: 0, 1: 0}, {0, 1}), [], PLANNED, 300)
-    _check_finished(_Job({0: 1, 1: 1}, {0, 1}), [], PLANNED, 300)  # parity broken: finished
+    _check_finished(_Job({0: 0, 1: 0}, {0, 1}), [], PLANNED, 300, RUN)
+    _check_finished(_Job({0: 1, 1: 1}, {0, 1}), [], PLANNED, 300, RUN)  # parity broken: finished
 
 
 @pytest.mark.parametrize(
@@ -43,15 +45,17 @@ def test_finished_means_exit_0_or_1_with_an_end_record():
 )
 def test_anything_else_is_a_failed_rank(codes, ended, message):
     with pytest.raises(NodeFailed, match=re.escape(message)) as e:
-        _check_finished(_Job(codes, ended), [], PLANNED, 300)
+        _check_finished(_Job(codes, ended), [], PLANNED, 300, RUN)
     assert "cap 1 MB, overlap on at 5 ms (round 1)" in str(e.value)
-    assert "said goodbye" in str(e.value) and "5ms-cap1-overlap-r1/" in str(e.value)
+    assert "said goodbye" in str(e.value) and "all output in runs/r1/5ms-cap1-overlap-r1/" in str(
+        e.value
+    )
 
 
 def test_ranks_still_running_are_a_timeout():
     with pytest.raises(RunTimeout, match=r"ranks \[1\] still running after 300 s") as e:
-        _check_finished(_Job({0: 0}, {0}), [1], PLANNED, 300)
-    assert "raise --run-timeout" in str(e.value)
+        _check_finished(_Job({0: 0}, {0}), [1], PLANNED, 300, RUN)
+    assert "raise --run-timeout" in str(e.value) and "runs/r1/5ms-cap1-overlap-r1/" in str(e.value)
 
 
 def test_progress_follows_rank_0s_steps_only():
