@@ -63,7 +63,7 @@ def test_latency_small_sweep_end_to_end(client, tmp_path):
     assert all(r["parity"] == "holds" for c, r in rows.items() if c != "no sync (floor)")
     doc = json.loads((run_dir / "latency.json").read_text())
     assert doc["links"][0]["rtt_p50_ms"] == pytest.approx(float(rtt.group(1)), abs=0.01)
-    assert doc["plan"]["train"]["collective_timeout_s"] == 60.0
+    assert doc["settings"]["train"]["collective_timeout_s"] == 60.0
     trace = json.loads((run_dir / "trace.json").read_text())
     names = {e["name"] for e in trace["traceEvents"]}
     assert {"backward", "allreduce bucket 0", "allreduce bucket 23"} <= names

@@ -170,12 +170,12 @@ def write_outputs(result: SweepResult) -> Outputs:
     }
     extra = {
         "run_id": result.run_id,
-        "plan": {**plan_doc, "train": plan.train.to_dict()},
+        "settings": {**plan_doc, "train": plan.train.to_dict()},
         "links": [dataclasses.asdict(link) for link in result.links],
         "timeline": {"ms": ms, "cap_mb": cap, "steps": steps},
         "runs": [
             {
-                "job": run.job,
+                "name": run.job,
                 "seconds": round(run.seconds, 1),
                 "exit_codes": run.codes,
                 "median_step_ms": run.stats.median_step_ms,
