@@ -8,12 +8,14 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from ddp.config import GROUPS, TrainConfig, add_train_arguments, flag_of
 from lab.engine.specs import DEFAULT_IMAGE
 
 __all__ = [
     "add_collective_timeout",
     "add_common",
     "add_run_timeout",
+    "add_train_flags",
     "float_list",
     "number",
 ]
@@ -97,3 +99,37 @@ def add_collective_timeout(
         metavar="S",
         help=f"seconds a rank waits for its peers in one collective (default {default:g})",
     )
+
+
+class _Only:
+    """Stands in for a parser in ``add_train_arguments``: passes on the flags in ``wanted``
+    only, each into its section, and makes a section only once it has a flag."""
+
+    def __init__(self, parser: argparse.ArgumentParser, wanted: set[str]) -> None:
+        self.parser, self.wanted = parser, wanted
+        self.groups: dict[str, argparse._ArgumentGroup] = {}
+
+    def add_argument_group(self, title: str) -> _OnlyGroup:
+        return _OnlyGroup(self, title)
+
+
+class _OnlyGroup:
+    def __init__(self, only: _Only, title: str) -> None:
+        self.only, self.title = only, title
+
+    def add_argument(self, flag: str, **kw: object) -> None:
+        if flag in self.only.wanted:
+            if self.title not in self.only.groups:
+                self.only.groups[self.title] = self.only.parser.add_argument_group(self.title)
+            self.only.groups[self.title].add_argument(flag, **kw)  # type: ignore[arg-type]
+
+
+def add_train_flags(
+    p: argparse.ArgumentParser, fields: list[str], *, defaults: TrainConfig | None = None
+) -> list[str]:
+    """The ``python -m ddp train`` flags of just these ``TrainConfig`` fields, generated from
+    the config's metadata (help, type, choices) with ``defaults`` shown: for an experiment that
+    varies the other fields itself (a flag for them would be silently overridden). Returns
+    ``fields`` (the parsed namespace's attributes, for ``config_from_args``)."""
+    add_train_arguments(_Only(p, {flag_of(f) for f in fields}), GROUPS, defaults=defaults)  # type: ignore[arg-type]
+    return list(fields)

@@ -1,8 +1,9 @@
-"""Network shaping for the lab: added latency (netem or an NFQUEUE userspace delayer), a rate
-limit (tbf), and a TCP echo probe that checks the shaping took effect before anything is measured.
+"""Network shaping for the lab: added latency (netem, or an NFQUEUE userspace delayer), a rate
+limit (tbf), verified by a TCP echo probe before anything is measured.
 
-Submodules are imported explicitly (``from lab.shaping import netem, nfqueue, probe``); this file
-imports none of them so that ``python -m lab.shaping.nfqueue`` / ``.probe`` run without a
-double-import warning. ``nfqueue`` and ``probe`` use only the standard library, so they also run
-inside a node container as plain files.
+The pieces, one idea each: :mod:`~lab.shaping.base` (the ``Shaper`` interface and the node it
+works on), :mod:`~lab.shaping.netem` and :mod:`~lab.shaping.nfqueue` (the two shapers),
+:mod:`~lab.shaping.registry` (by name, and ``auto``), :mod:`~lab.shaping.probe` (the link
+check) and :mod:`~lab.shaping.link` (``shaped(...)``: choose, apply, verify, undo). What runs
+inside the nodes (the delayer, the probe) is standard-library code in :mod:`lab.node`.
 """

@@ -1,42 +1,28 @@
-"""`tc` command construction (netem delay, tbf rate limit), the netem probe and the shaper choice.
+"""The in-kernel shaper: netem delay on each node's egress, a tbf rate limit below it; and the
+``tc`` argv of both (the NFQUEUE shaper uses the tbf on its own).
 
-Everything here builds argv lists and runs them through a ``Runner`` -- a callable taking an argv
-and returning ``(exit_code, output_text)`` -- so the same code drives the local host, a network
-namespace (``ip netns exec NS ...``) or a container (``container.exec_run``). Nothing here needs
-root by itself; the runner's target needs NET_ADMIN.
-
-netem is missing from many kernels (microVMs, minimal builds; this lab's host is one). Its absence
-shows up only as an error text from ``tc`` that differs between iproute2/kernel versions, so the
-probe recognises the known texts and raises on anything else rather than guessing.
+netem is missing from many kernels (microVMs, minimal builds; this lab's host is one). Its
+absence shows up only as an error text from ``tc`` that differs between iproute2/kernel
+versions, so the probe recognises the known texts and raises on anything else rather than
+guessing.
 """
 
 from __future__ import annotations
 
-import logging
-import subprocess
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import contextlib
+from collections.abc import Sequence
+
+from lab.shaping.base import Node, Runner, Shaper, ShapingError, check
 
 __all__ = [
     "NETEM_MISSING_TEXTS",
-    "SHAPERS",
-    "Runner",
-    "ShaperChoice",
-    "ShapingError",
-    "choose_shaper",
+    "Netem",
     "is_netem_missing",
     "netem_add",
     "probe_netem",
     "qdisc_del_root",
-    "run_local",
     "tbf_add",
 ]
-
-log = logging.getLogger(__name__)
-
-Runner = Callable[[Sequence[str]], tuple[int, str]]
-
-SHAPERS = ("auto", "netem", "nfqueue")
 
 # Error texts tc prints when the kernel has no sch_netem, by iproute2/kernel generation:
 # extack text on recent kernels, the older "qdisc not found" wording, and the bare ENOENT of
@@ -48,35 +34,13 @@ NETEM_MISSING_TEXTS = (
 )
 
 
-class ShapingError(RuntimeError):
-    """A shaping command failed for a reason other than a missing netem module."""
-
-
-@dataclass(frozen=True)
-class ShaperChoice:
-    """The shaper to use and, when ``auto`` fell back, the one line saying why (else "")."""
-
-    shaper: str
-    note: str = ""
-
-
-def run_local(argv: Sequence[str], timeout: float = 30.0) -> tuple[int, str]:
-    """Runner for the local host: run argv, return (exit code, stdout+stderr as text)."""
-    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
-    return proc.returncode, proc.stdout + proc.stderr
-
-
-def _check_ms(ms: float) -> None:
-    if not ms >= 0:
-        raise ValueError(f"delay must be >= 0 ms, got {ms!r}")
-
-
 def netem_add(dev: str, delay_ms: float, handle: str = "1:") -> list[str]:
     """`tc` argv adding a root netem qdisc that delays every packet leaving `dev` by `delay_ms`.
 
     The handle lets a tbf be attached below it (``tbf_add(dev, rate, parent=handle)``).
     """
-    _check_ms(delay_ms)
+    if not delay_ms >= 0:
+        raise ValueError(f"delay must be >= 0 ms, got {delay_ms!r}")
     return ["tc", "qdisc", "add", "dev", dev, "root", "handle", handle,
             "netem", "delay", f"{delay_ms:g}ms"]  # fmt: skip
 
@@ -132,25 +96,18 @@ def probe_netem(run: Runner, dev: str = "eth0") -> tuple[bool, str]:
     return True, ""
 
 
-def choose_shaper(requested: str, run: Runner, dev: str = "eth0") -> ShaperChoice:
-    """Resolve ``--shaper auto|netem|nfqueue`` against what the kernel behind `run` offers.
+class Netem(Shaper):
+    """netem on the egress of every node: a round trip crosses two, so it grows by 2 x ms."""
 
-    ``auto`` prefers netem (in-kernel, no extra process) and falls back to nfqueue with a one-line
-    note; an explicit ``netem`` on a kernel without it is an error, not a silent fallback.
-    """
-    if requested not in SHAPERS:
-        raise ValueError(f"unknown shaper {requested!r}; choose one of {', '.join(SHAPERS)}")
-    if requested == "nfqueue":
-        return ShaperChoice("nfqueue")
-    available, why = probe_netem(run, dev)
-    if available:
-        return ShaperChoice("netem")
-    if requested == "netem":
-        raise ShapingError(
-            f"--shaper netem asked but this kernel has no netem ({why}); "
-            "use --shaper nfqueue or --shaper auto"
-        )
-    first = why.splitlines()[0] if why else "tc netem failed"
-    note = f"netem is missing in this kernel (tc: {first}); using the nfqueue delayer"
-    log.info(note)
-    return ShaperChoice("nfqueue", note)
+    name = "netem"
+
+    @classmethod
+    def available(cls, run: Runner, dev: str) -> tuple[bool, str]:
+        return probe_netem(run, dev)
+
+    def steps(self, node: Node, peers: Sequence[str], undo: contextlib.ExitStack) -> None:
+        check(node, netem_add(node.dev, self.ms))
+        # Removing the root qdisc removes the tbf below it too: one undo for both.
+        undo.callback(check, node, qdisc_del_root(node.dev))
+        if self.rate_mbit:
+            check(node, tbf_add(node.dev, self.rate_mbit, parent="1:"))

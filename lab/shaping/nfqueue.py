@@ -1,10 +1,7 @@
-"""A userspace packet delayer on NFQUEUE, for kernels without netem; standard library only.
-
-iptables hands every matching packet to a netfilter queue; this process holds each one for a
-fixed time and then accepts it. It talks raw nfnetlink (no libnetfilter_queue) and asks for
-metadata only (copy mode META): the packet id is all a delay needs, so no payload crosses into
-userspace. A constant delay means arrival order is release order, so held packets sit in a FIFO
-of ``(due, id)`` and one batch verdict ("accept every id <= N") releases all that are due.
+"""The userspace shaper, for kernels without netem: iptables sends every packet from a peer to
+an NFQUEUE on the receiver's INPUT chain, and the delayer process (``python -m lab.node.delayer``,
+started in the node) holds each one for ``ms`` before accepting it. This is the host side: the
+rules, the delayer's argv, and the order of applying and undoing them.
 
 Where the rule goes matters (measured on this lab's host): on OUTPUT a held packet stays charged
 to the sending socket and TCP small queues allow ~2 packets per delay interval (~190 packets/s);
@@ -12,229 +9,29 @@ on the receiver's INPUT the sender never sees it, so TCP runs at full window. Wi
 every node's INPUT, a one-way delay of D per packet gives a round trip of about 2*D -- the same
 meaning ``--ms`` has with netem on every node's egress. ``--queue-bypass`` makes the rule accept
 packets while no delayer is bound, so a dead delayer fails open instead of cutting the network.
-
-Run: ``python -m lab.shaping.nfqueue --queue N --delay-ms MS [--duration S] [--pidfile F]``.
-The pidfile is written once the queue is bound (a readiness signal for a detached exec);
-SIGTERM/SIGINT or the end of --duration release every held packet and unbind.
 """
 
 from __future__ import annotations
 
-import argparse
-import collections
 import contextlib
-import errno
 import logging
-import os
-import select
-import signal
-import socket
-import struct
-import sys
-import time
 from collections.abc import Sequence
 
-__all__ = ["Delayer", "delayer_argv", "main", "nfqueue_rules_add", "nfqueue_rules_del"]
+from lab.shaping.base import Node, Shaper, ShapingError, background, check, node_path
+from lab.shaping.netem import qdisc_del_root, tbf_add
+
+__all__ = ["RULE_COMMENT", "Nfqueue", "delayer_argv", "nfqueue_rules_add", "nfqueue_rules_del"]
 
 log = logging.getLogger(__name__)
 
-NETLINK_NETFILTER = 12
-NFNL_SUBSYS_QUEUE = 3
-NFQNL_MSG_PACKET, NFQNL_MSG_VERDICT, NFQNL_MSG_CONFIG, NFQNL_MSG_VERDICT_BATCH = 0, 1, 2, 3
-_NLM_F_REQUEST, _NLM_F_ACK = 0x1, 0x4
-_NLMSG_ERROR = 2
-_NFQA_CFG_CMD, _NFQA_CFG_PARAMS, _NFQA_CFG_QUEUE_MAXLEN, _NFQA_CFG_MASK, _NFQA_CFG_FLAGS = (
-    1,
-    2,
-    3,
-    4,
-    5,
-)
-_NFQA_CFG_F_GSO = 0x4
-_NFQNL_CFG_CMD_BIND, _NFQNL_CFG_CMD_UNBIND = 1, 2
-_NFQNL_COPY_META = 1
-_NFQA_PACKET_HDR, _NFQA_VERDICT_HDR = 1, 2
-_NF_ACCEPT = 1
-_SOL_NETLINK, _NETLINK_NO_ENOBUFS = 270, 5
-_SO_RCVBUFFORCE = 33
-_NLA_TYPE_MASK = 0x3FFF  # strips NLA_F_NESTED / NLA_F_NET_BYTEORDER
-_MSG_PACKET_TYPE = (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET
-_RULE_COMMENT = "lab-shaping-delay"
-_POLL_S = 0.05  # longest sleep with nothing due: bounds the reaction to a stop signal
+RULE_COMMENT = "lab-shaping-delay"
+_READY_S = 15.0  # how long a delayer may take to bind its queue
+_STOP_S = 10.0  # how long it may take to accept what it holds and unbind
 
 
-def _attr(kind: int, data: bytes) -> bytes:
-    pad = -len(data) % 4
-    return struct.pack("=HH", 4 + len(data), kind) + data + b"\0" * pad
-
-
-def _nfq_msg(msg: int, queue: int, attrs: bytes, seq: int, flags: int = _NLM_F_REQUEST) -> bytes:
-    # nlmsghdr is host order; nfgenmsg's res_id (the queue number) is big endian.
-    body = struct.pack("!BBH", socket.AF_UNSPEC, 0, queue) + attrs
-    kind = (NFNL_SUBSYS_QUEUE << 8) | msg
-    return struct.pack("=IHHII", 16 + len(body), kind, flags, seq, 0) + body
-
-
-class Delayer:
-    """One bound NFQUEUE queue that delays every packet by `delay_ms` (FIFO, batch release).
-
-    Use as a context manager: entering binds (raises OSError naming the cause, e.g. EBUSY when
-    another process holds the queue), leaving accepts every held packet and unbinds -- closing
-    the socket without that would make the kernel drop them.
-    """
-
-    def __init__(self, queue: int, delay_ms: float, maxlen: int = 65536, rcvbuf: int = 32 << 20):
-        if not 0 <= queue <= 65535:
-            raise ValueError(f"queue number must be in 0..65535, got {queue!r}")
-        if not delay_ms >= 0:
-            raise ValueError(f"delay must be >= 0 ms, got {delay_ms!r}")
-        self.queue, self.delay_s, self.maxlen, self.rcvbuf = queue, delay_ms / 1e3, maxlen, rcvbuf
-        self.received = self.released = self.max_held = self.overruns = 0
-        self.early_ms = 0.0  # current wake-up compensation (see run)
-        self._held: collections.deque[tuple[float, int]] = collections.deque()
-        self._sock: socket.socket | None = None
-        self._seq = 0
-        self._buf = bytearray(1 << 16)
-
-    def __enter__(self) -> Delayer:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
-        self._sock = sock
-        try:
-            sock.bind((0, 0))
-            # A large buffer absorbs bursts while we sleep; SO_RCVBUFFORCE passes rmem_max
-            # when we have CAP_NET_ADMIN (we do: we are about to bind a netfilter queue).
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, self.rcvbuf)
-            except OSError:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
-            attrs = (
-                _attr(_NFQA_CFG_CMD, struct.pack("!BxH", _NFQNL_CFG_CMD_BIND, socket.AF_INET))
-                + _attr(_NFQA_CFG_PARAMS, struct.pack("!IB", 0, _NFQNL_COPY_META))
-                + _attr(_NFQA_CFG_QUEUE_MAXLEN, struct.pack("!I", self.maxlen))
-                # GSO: we never touch payloads, so the kernel may queue GRO'd super-packets
-                # whole instead of segmenting them first (fewer messages per byte).
-                + _attr(_NFQA_CFG_MASK, struct.pack("!I", _NFQA_CFG_F_GSO))
-                + _attr(_NFQA_CFG_FLAGS, struct.pack("!I", _NFQA_CFG_F_GSO))
-            )
-            self._request(attrs)
-            sock.setblocking(False)
-        except BaseException:
-            sock.close()
-            self._sock = None
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        sock, self._sock = self._sock, None
-        if sock is None:
-            return
-        try:
-            if self._held:
-                self.released += len(self._held)
-                self._verdict(sock, self._held[-1][1])
-                self._held.clear()
-            sock.setblocking(True)
-            sock.send(
-                _nfq_msg(
-                    NFQNL_MSG_CONFIG,
-                    self.queue,
-                    _attr(_NFQA_CFG_CMD, struct.pack("!BxH", _NFQNL_CFG_CMD_UNBIND, 0)),
-                    self._next_seq(),
-                )
-            )
-        finally:
-            sock.close()
-
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
-
-    def _request(self, attrs: bytes, timeout: float = 5.0) -> None:
-        """Send a config message and wait for its ack; packets arriving meanwhile are held."""
-        assert self._sock is not None
-        seq = self._next_seq()
-        self._sock.send(
-            _nfq_msg(NFQNL_MSG_CONFIG, self.queue, attrs, seq, _NLM_F_REQUEST | _NLM_F_ACK)
-        )
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            self._sock.settimeout(left)
-            n = self._sock.recv_into(self._buf)
-            err = self._parse(n, time.monotonic(), want_ack=seq)
-            if err is not None:
-                if err:
-                    raise OSError(err, f"binding NFQUEUE {self.queue}: {os.strerror(err)}")
-                return
-        raise TimeoutError(f"no answer from nfnetlink binding queue {self.queue} in {timeout} s")
-
-    def _parse(self, n: int, now: float, want_ack: int = -1) -> int | None:
-        """Hold every packet message in buf[:n]; return the errno of the ack for want_ack."""
-        buf, off, due, ack = self._buf, 0, now + self.delay_s, None
-        while off + 16 <= n:
-            length, kind, _flags, seq, _pid = struct.unpack_from("=IHHII", buf, off)
-            if length < 16:
-                break
-            if kind == _MSG_PACKET_TYPE:
-                pos, end = off + 20, off + length  # past nlmsghdr (16) and nfgenmsg (4)
-                while pos + 4 <= end:
-                    alen, akind = struct.unpack_from("=HH", buf, pos)
-                    if alen < 4:
-                        break
-                    if akind & _NLA_TYPE_MASK == _NFQA_PACKET_HDR:
-                        self._held.append((due, struct.unpack_from("!I", buf, pos + 4)[0]))
-                        self.received += 1
-                        break
-                    pos += (alen + 3) & ~3
-            elif kind == _NLMSG_ERROR and seq == want_ack:
-                ack = -struct.unpack_from("=i", buf, off + 16)[0]
-            off += (length + 3) & ~3
-        self.max_held = max(self.max_held, len(self._held))
-        return ack
-
-    def _verdict(self, sock: socket.socket, packet_id: int) -> None:
-        hdr = _attr(_NFQA_VERDICT_HDR, struct.pack("!II", _NF_ACCEPT, packet_id))
-        sock.send(_nfq_msg(NFQNL_MSG_VERDICT_BATCH, self.queue, hdr, 0))
-
-    def run(self, until: float | None = None, stop: list[bool] | None = None) -> None:
-        """Delay packets until monotonic time `until` or until ``stop[0]`` becomes true."""
-        sock = self._sock
-        assert sock is not None, "enter the Delayer before run()"
-        fd, held = sock.fileno(), self._held
-        # Timer wake-ups arrive late by a roughly constant amount (~0.1 ms on a VM); aim that
-        # much early so packets leave at their due time on average, not systematically after.
-        # `late` is a running mean of the measured lateness, capped so it can never eat a
-        # visible part of the delay.
-        late, cap = 0.0, min(0.5e-3, 0.1 * self.delay_s)
-        while not (stop and stop[0]):
-            now = time.monotonic()
-            if until is not None and now >= until:
-                return
-            target = held[0][0] - late if held else now + _POLL_S
-            timed = bool(held) and 0 < target - now < _POLL_S  # a real sleep on a due packet
-            readable, _, _ = select.select([fd], [], [], min(max(target - now, 0.0), _POLL_S))
-            if timed and not readable:
-                late = min(cap, max(0.0, late + 0.1 * (time.monotonic() - target - late)))
-                self.early_ms = late * 1e3
-            # Drain at most a bounded batch so releases stay on time under a flood.
-            for _ in range(256 if readable else 0):
-                try:
-                    n = sock.recv_into(self._buf)
-                except BlockingIOError:
-                    break
-                except OSError as e:
-                    if e.errno != errno.ENOBUFS:
-                        raise
-                    # The kernel could not queue a message to us; it dropped that packet
-                    # (no fail-open: an undelayed packet would falsify the measurement).
-                    self.overruns += 1
-                    continue
-                self._parse(n, time.monotonic())
-            now, last = time.monotonic() + late, -1
-            while held and held[0][0] <= now:
-                last = held.popleft()[1]
-                self.released += 1
-            if last >= 0:
-                self._verdict(sock, last)
+def _rule_spec(src: str, queue: int) -> list[str]:
+    return ["!", "-i", "lo", "-s", src, "-m", "comment", "--comment", RULE_COMMENT,
+            "-j", "NFQUEUE", "--queue-num", str(queue), "--queue-bypass"]  # fmt: skip
 
 
 def nfqueue_rules_add(sources: Sequence[str], queue: int, chain: str = "INPUT") -> list[list[str]]:
@@ -253,11 +50,6 @@ def nfqueue_rules_del(sources: Sequence[str], queue: int, chain: str = "INPUT") 
     return [["iptables", "-w", "5", "-D", chain, *_rule_spec(src, queue)] for src in sources]
 
 
-def _rule_spec(src: str, queue: int) -> list[str]:
-    return ["!", "-i", "lo", "-s", src, "-m", "comment", "--comment", _RULE_COMMENT,
-            "-j", "NFQUEUE", "--queue-num", str(queue), "--queue-bypass"]  # fmt: skip
-
-
 def delayer_argv(
     queue: int,
     delay_ms: float,
@@ -265,16 +57,8 @@ def delayer_argv(
     pidfile: str | None = None,
     python: str = "python3",
 ) -> list[str]:
-    """argv starting the delayer process (needs `lab` importable, or run this file directly)."""
-    argv = [
-        python,
-        "-m",
-        "lab.shaping.nfqueue",
-        "--queue",
-        str(queue),
-        "--delay-ms",
-        f"{delay_ms:g}",
-    ]
+    """argv starting the delayer process in a node (needs ``lab`` importable there)."""
+    argv = [python, "-m", "lab.node.delayer", "--queue", str(queue), "--delay-ms", f"{delay_ms:g}"]
     if duration_s is not None:
         argv += ["--duration", f"{duration_s:g}"]
     if pidfile is not None:
@@ -282,47 +66,52 @@ def delayer_argv(
     return argv
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m lab.shaping.nfqueue``; prints a ready line and a summary."""
-    p = argparse.ArgumentParser(
-        prog="python -m lab.shaping.nfqueue", description=__doc__.split("\n")[0]
-    )
-    p.add_argument("--queue", type=int, default=0, help="NFQUEUE number to bind (default 0)")
-    p.add_argument("--delay-ms", type=float, required=True, help="delay per packet, ms")
-    p.add_argument("--duration", type=float, default=None, help="stop by itself after S seconds")
-    p.add_argument("--pidfile", default=None, help="write our pid here once the queue is bound")
-    args = p.parse_args(argv)
-    stop = [False]
+class Nfqueue(Shaper):
+    """tbf (if a rate is asked), then the delayer, then the rules: the delayer is bound before
+    the rules exist, so no packet ever waits on an unbound queue. Undone in reverse: rules
+    first (new packets stop entering the queue), then the delayer (it accepts what it holds),
+    then the qdisc."""
 
-    def _on_signal(signum: int, _frame: object) -> None:
-        stop[0] = True
+    name = "nfqueue"
 
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
-    start = time.monotonic()
-    until = start + args.duration if args.duration is not None else None
-    delayer = Delayer(args.queue, args.delay_ms)
-    try:
-        with delayer:
-            if args.pidfile:
-                with open(args.pidfile + ".tmp", "w") as f:
-                    f.write(f"{os.getpid()}\n")
-                os.replace(args.pidfile + ".tmp", args.pidfile)  # readers never see it half-written
-            print(f"nfqueue {args.queue}: delaying {args.delay_ms:g} ms, ready", flush=True)
-            delayer.run(until=until, stop=stop)
-    finally:
-        if args.pidfile:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(args.pidfile)
-    print(
-        f"nfqueue {args.queue}: {delayer.released} packets delayed {args.delay_ms:g} ms  "
-        f"max held {delayer.max_held}  overruns {delayer.overruns}  "
-        f"timer compensation {delayer.early_ms:.3f} ms  "
-        f"{time.monotonic() - start:.1f} s",
-        flush=True,
-    )
-    return 0
+    def steps(self, node: Node, peers: Sequence[str], undo: contextlib.ExitStack) -> None:
+        if self.rate_mbit:
+            check(node, tbf_add(node.dev, self.rate_mbit))
+            undo.callback(check, node, qdisc_del_root(node.dev))
+        if self.ms == 0:
+            return
+        pidfile = node_path(node, "delay.pid")
+        # Registered before the start: a delayer that started but never got ready is stopped
+        # too (stopping one that never ran is a no-op).
+        undo.callback(self._stop_delayer, node)
+        background(node, delayer_argv(self.queue, self.ms, self.max_seconds, pidfile,
+                                      self.python), "delay")  # fmt: skip
+        self._wait_ready(node)
+        for add, delete in zip(nfqueue_rules_add(peers, self.queue),
+                               nfqueue_rules_del(peers, self.queue), strict=True):  # fmt: skip
+            check(node, add)
+            undo.callback(check, node, delete)
 
+    def _wait_ready(self, node: Node) -> None:
+        # The delayer writes its pidfile once the queue is bound: the readiness signal.
+        loops, pid = int(_READY_S / 0.05), node_path(node, "delay.pid")
+        wait = f"for i in $(seq {loops}); do [ -s {pid} ] && exit 0; sleep 0.05; done; exit 1"
+        code, _ = node.run(["sh", "-c", wait])
+        if code != 0:
+            _, logtext = node.run(["cat", node_path(node, "delay.log")])
+            raise ShapingError(
+                f"{node.name}: delayer not ready after {_READY_S:g} s; its log: {logtext.strip()}"
+            )
 
-if __name__ == "__main__":
-    sys.exit(main())
+    def _stop_delayer(self, node: Node) -> None:
+        # SIGTERM; the delayer deletes its pidfile once it has accepted what it held and
+        # unbound, which is what the loop waits for.
+        pid, loops = node_path(node, "delay.pid"), int(_STOP_S / 0.05)
+        stop = (
+            f"[ -s {pid} ] && kill -TERM $(cat {pid}); "
+            f"for i in $(seq {loops}); do [ -e {pid} ] || break; sleep 0.05; done; "
+            f"rm -f {pid}.sh; [ ! -e {pid} ]"
+        )
+        check(node, ["sh", "-c", stop])
+        summary = node.run(["tail", "-n", "1", node_path(node, "delay.log")])[1].strip()
+        log.debug("%s: %s", node.name, summary)

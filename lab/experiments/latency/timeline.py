@@ -1,20 +1,21 @@
 """One training step as a timeline: every rank's forward and backward and every bucket's
 allreduce, as a Chrome trace JSON (Perfetto, chrome://tracing) and as a PNG Gantt chart.
 
-Built from the per-step records of the rank logs: ``t0`` (wall clock at step start, so ranks in
-different containers of one host share an axis), ``backward_ms`` ``[start, end]`` and
-``buckets_ms`` ``[[launch, done], ...]`` relative to the step's start. ``done`` is observed on
-gloo's thread when the allreduce really completes, so a bucket bar that lies inside the
-backward bar is communication hidden behind computation. Pure functions, tested without Docker.
+Built from the ranks' step records (``ddp.records.StepRecord``): ``t0`` (wall clock at step
+start, so ranks in different containers of one host share an axis), ``backward_ms``
+``[start, end]`` and ``buckets_ms`` ``[[launch, done], ...]`` relative to the step's start.
+``done`` is observed on gloo's thread when the allreduce really completes, so a bucket bar that
+lies inside the backward bar is communication hidden behind computation. Pure.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab.report import load_rank_logs
+from ddp.records import RankLog, StepRecord
 
 __all__ = ["RankStep", "StepTimeline", "chrome_trace", "load_step", "representative_step",
            "write_gantt"]  # fmt: skip
@@ -42,42 +43,45 @@ class StepTimeline:
         return max(r.offset_ms + r.step_ms for r in self.ranks.values())
 
 
-def representative_step(log_dir: Path, warmup: int) -> int:
+def _has_timeline(r: StepRecord) -> bool:
+    return r.t0 is not None and r.backward_ms is not None and r.buckets_ms is not None
+
+
+def representative_step(logs: Mapping[int, RankLog], warmup: int, where: str = "logs") -> int:
     """The measured step whose slowest-rank step time is closest to the median (not an outlier).
 
-    Raises ValueError when no measured step carries a timeline (no-sync runs, or an old image).
+    Raises ValueError when no measured step carries a timeline on every rank (no-sync runs).
     """
-    by_step: dict[int, list[dict]] = {}
-    ranks = load_rank_logs(log_dir)
-    for entry in ranks.values():
-        for record in entry["steps"]:
-            if record["step"] > warmup and "buckets_ms" in record and "t0" in record:
-                by_step.setdefault(record["step"], []).append(record)
-    complete = {s: max(r["step_ms"] for r in recs) for s, recs in by_step.items()
-                if len(recs) == len(ranks)}  # fmt: skip
+    by_step: dict[int, list[StepRecord]] = {}
+    for log in logs.values():
+        for r in log.steps:
+            if r.step > warmup and _has_timeline(r):
+                by_step.setdefault(r.step, []).append(r)
+    complete = {s: max(r.step_ms for r in recs) for s, recs in by_step.items()
+                if len(recs) == len(logs)}  # fmt: skip
     if not complete:
-        raise ValueError(
-            f"{log_dir}: no measured step with a timeline (t0, buckets_ms) on all ranks"
-        )
+        raise ValueError(f"{where}: no measured step with a timeline (t0, buckets_ms) on all ranks")
     median = statistics.median(complete.values())
     return min(complete, key=lambda s: (abs(complete[s] - median), s))
 
 
-def load_step(log_dir: Path, step: int, title: str) -> StepTimeline:
+def load_step(
+    logs: Mapping[int, RankLog], step: int, title: str, where: str = "logs"
+) -> StepTimeline:
     """Every rank's timeline of ``step``, aligned on the earliest rank's start."""
-    records = {}
-    for rank, entry in load_rank_logs(log_dir).items():
-        found = [r for r in entry["steps"] if r["step"] == step]
-        if not found or "buckets_ms" not in found[0]:
-            raise ValueError(f"{log_dir}: rank {rank} has no timeline for step {step}")
+    records: dict[int, StepRecord] = {}
+    for rank, log in logs.items():
+        found = [r for r in log.steps if r.step == step and _has_timeline(r)]
+        if not found:
+            raise ValueError(f"{where}: rank {rank} has no timeline for step {step}")
         records[rank] = found[0]
-    start = min(r["t0"] for r in records.values())
+    start = min(r.t0 for r in records.values() if r.t0 is not None)
     ranks = {
         rank: RankStep(
-            offset_ms=(r["t0"] - start) * 1e3,
-            backward_ms=(float(r["backward_ms"][0]), float(r["backward_ms"][1])),
-            buckets_ms=[(float(a), float(b)) for a, b in r["buckets_ms"]],
-            step_ms=float(r["step_ms"]),
+            offset_ms=((r.t0 or 0.0) - start) * 1e3,
+            backward_ms=(float(r.backward_ms[0]), float(r.backward_ms[1])),  # type: ignore[index]
+            buckets_ms=[(float(a), float(b)) for a, b in r.buckets_ms or []],
+            step_ms=float(r.step_ms),
         )
         for rank, r in sorted(records.items())
     }

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from lab.shaping import apply, netem, nfqueue, probe
+from lab.shaping import base, link, netem, nfqueue, probe
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ADDR = ("10.231.0.1", "10.231.0.2")
 DELAY_MS = 10.0
 QUEUE = 0
@@ -29,7 +29,7 @@ PORT = 7411
 
 
 def _sh(argv: list[str], timeout: float = 20.0) -> tuple[int, str]:
-    return netem.run_local(argv, timeout=timeout)
+    return base.run_local(argv, timeout=timeout)
 
 
 def _need(ok: bool, reason: str) -> None:
@@ -107,7 +107,7 @@ def _wait_file(path: Path, proc: subprocess.Popen, timeout: float = 15.0) -> Non
 
 def _client(ns: str, *args: str, timeout: float = 60.0) -> dict:
     out = subprocess.run(
-        ["ip", "netns", "exec", ns, sys.executable, "-m", "lab.shaping.probe", *args],
+        ["ip", "netns", "exec", ns, sys.executable, "-m", "lab.node.probe", *args],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
         timeout=timeout, check=False,
     )  # fmt: skip
@@ -130,7 +130,7 @@ def _rules(ns: str, action) -> None:
 @pytest.mark.timeout(120)
 def test_nfqueue_delays_both_directions(netns, tmp_path):
     a, b = netns
-    serve = ["-m", "lab.shaping.probe", "serve", "--port", str(PORT), "--duration", "90"]
+    serve = ["-m", "lab.node.probe", "serve", "--port", str(PORT), "--duration", "90"]
     with _proc(b, serve):
         base = _ping(a)
         pidfiles = [tmp_path / "a.pid", tmp_path / "b.pid"]
@@ -174,7 +174,7 @@ def test_nfqueue_delays_both_directions(netns, tmp_path):
 @pytest.mark.timeout(60)
 def test_rule_without_delayer_fails_open(netns):
     a, b = netns
-    serve = ["-m", "lab.shaping.probe", "serve", "--port", str(PORT), "--duration", "30"]
+    serve = ["-m", "lab.node.probe", "serve", "--port", str(PORT), "--duration", "30"]
     with _proc(b, serve):
         _rules(b, nfqueue.nfqueue_rules_add)
         try:
@@ -210,7 +210,7 @@ def test_netem_probe_and_tbf_on_a_real_kernel(netns):
     assert available or netem.is_netem_missing(why), why
     _, qdiscs = run(["tc", "qdisc", "show", "dev", dev])
     assert "netem" not in qdiscs, f"probe left a netem qdisc: {qdiscs}"
-    with pytest.raises(netem.ShapingError, match="Cannot find device"):
+    with pytest.raises(base.ShapingError, match="Cannot find device"):
         netem.probe_netem(run, "nosuchdev0")
     code, out = run(netem.tbf_add(dev, 100))
     assert code == 0, out
@@ -235,10 +235,10 @@ def test_shaped_applies_verifies_and_undoes(netns, monkeypatch):
     for ns, addr in zip(netns, ADDR, strict=True):
         dev = next(d for d in _links(ns) if d.startswith("lsh"))
         nodes.append(
-            apply.Node(ns, lambda argv, ns=ns: _sh(["ip", "netns", "exec", ns, *argv]), addr, dev)
+            base.Node(ns, lambda argv, ns=ns: _sh(["ip", "netns", "exec", ns, *argv]), addr, dev)
         )
     try:
-        with apply.shaped(nodes, 5.0, "auto", python=sys.executable, max_seconds=60) as report:
+        with link.shaped(nodes, 5.0, "auto", python=sys.executable, max_seconds=60) as report:
             rules = [_sh(["ip", "netns", "exec", ns, "iptables", "-S", "INPUT"])[1] for ns in netns]
         leftovers = [p.name for p in Path("/tmp").glob(f"lab-shaping-{netns[0][:-1]}*.pid*")]
     finally:
@@ -252,7 +252,7 @@ def test_shaped_applies_verifies_and_undoes(netns, monkeypatch):
         _, out = _sh(["ip", "netns", "exec", ns, "iptables", "-S", "INPUT"])
         assert "NFQUEUE" not in out, out
     assert not leftovers, f"delayer pidfiles left behind: {leftovers}"
-    serve = ["-m", "lab.shaping.probe", "serve", "--port", str(PORT), "--duration", "30"]
+    serve = ["-m", "lab.node.probe", "serve", "--port", str(PORT), "--duration", "30"]
     with _proc(netns[1], serve):
         after = _ping(netns[0], count=10)
     assert after["p50_ms"] < 5.0, f"delay still applied after the context closed: {after}"

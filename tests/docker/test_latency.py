@@ -1,6 +1,6 @@
 """Docker tier: ``python -m lab latency`` end to end -- real containers, real delayed packets
 (netem, or the NFQUEUE delayer on kernels without it), real gloo ranks -- on a small sweep, and
-nothing labelled ``lab.run`` left behind. Run with ``pytest -m docker``."""
+nothing labelled ``lab.run`` left behind. Run with ``pytest -m docker tests/docker``."""
 
 from __future__ import annotations
 
@@ -12,31 +12,37 @@ import sys
 from pathlib import Path
 
 import pytest
-from lab.specs import LABEL
 
+from ddp.records import load_run
+from lab.engine.specs import LABEL
 from tests.helpers import leftovers
 
 pytestmark = pytest.mark.docker
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_latency_small_sweep_end_to_end(client, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "lab", "latency", "--ms", "5", "--caps", "0,1", "--steps", "5",
-         "--rounds", "1", "--timeout", "200", "--runs-dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=560,
+         "--rounds", "1", "--run-timeout", "200", "--collective-timeout", "60",
+         "--runs-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=860,
     )  # fmt: skip
     out = proc.stdout
     assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{proc.stderr}"
     run_id = re.search(r"^run (\S+):", out, re.M).group(1)
     assert leftovers(client, f"{LABEL}={run_id}") == []
+    assert f"labelled lab.run={run_id}" in out  # the cluster said what it removed
 
     # The link was verified before anything was measured: asked vs measured round trip.
     rtt = re.search(r"asked 5 ms one-way \(round trip \+10 ms\).*round trip p50 ([\d.]+) ms", out)
     assert rtt, out
     assert 8.0 <= float(rtt.group(1)) <= 12.5  # within the shaping's own 20% check (+ bridge)
+    # A line per finished configuration, and progress while each ran.
+    assert len(re.findall(r"^\[ ?\d/5\] 5 ms round 1 ", out, re.M)) == 5, out
+    assert re.search(r"^progress: step 5/5", out, re.M), out
 
     lines = out.strip().splitlines()
     assert re.fullmatch(
@@ -57,9 +63,32 @@ def test_latency_small_sweep_end_to_end(client, tmp_path):
     assert all(r["parity"] == "holds" for c, r in rows.items() if c != "no sync (floor)")
     doc = json.loads((run_dir / "latency.json").read_text())
     assert doc["links"][0]["rtt_p50_ms"] == pytest.approx(float(rtt.group(1)), abs=0.01)
+    assert doc["settings"]["train"]["collective_timeout_s"] == 60.0
     trace = json.loads((run_dir / "trace.json").read_text())
     names = {e["name"] for e in trace["traceEvents"]}
     assert {"backward", "allreduce bucket 0", "allreduce bucket 23"} <= names
     for png in ("latency.png", "gantt.png"):
         assert (run_dir / png).read_bytes()[:8] == PNG
-    assert len(list((run_dir / "logs").glob("5ms-*-r1/rank*.jsonl"))) == 5 * 4
+    # Every configuration's job: 4 rank logs with end records, and each node's output.
+    jobs = sorted(p.name for p in run_dir.iterdir() if p.is_dir())
+    assert len(jobs) == 5 and all(j.startswith("5ms-") and j.endswith("-r1") for j in jobs)
+    for job in jobs:
+        logs = load_run(run_dir / job / "logs")
+        assert sorted(logs) == [0, 1, 2, 3] and all(log.end for log in logs.values()), job
+        assert len(list((run_dir / job).glob("node*.log"))) == 4
+
+
+@pytest.mark.timeout(300)
+def test_a_link_that_is_not_what_was_asked_stops_the_run_and_cleans_up(client, tmp_path):
+    # 1 us one-way is far below what a userspace delayer (or the bridge's jitter) can hold to
+    # 20%: the check must refuse it before anything is measured, and the run must still go.
+    proc = subprocess.run(
+        [sys.executable, "-m", "lab", "latency", "--ms", "0.001", "--caps", "1", "--steps", "3",
+         "--rounds", "1", "--runs-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "link check failed at 0.001 ms, nothing was measured" in proc.stderr, proc.stderr
+    run_id = re.search(r"^run (\S+):", proc.stdout, re.M).group(1)
+    assert leftovers(client, f"{LABEL}={run_id}") == []
+    assert not list((tmp_path / run_id).glob("*/logs"))  # no configuration ran

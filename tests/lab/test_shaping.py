@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from lab.shaping import apply, netem, nfqueue, probe
+from lab.node import delayer, nfnetlink
+from lab.node import probe as node_probe
+from lab.shaping import base, netem, nfqueue, probe, registry
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # --- tc argv construction -------------------------------------------------------------------
@@ -74,11 +76,11 @@ def test_probe_reports_missing_netem(text):
     available, why = netem.probe_netem(tc, "eth0")
     assert not available and why == text.strip()
     assert tc.calls == [netem.netem_add("eth0", 1.0)]  # nothing to delete after a failed add
-    choice = netem.choose_shaper("auto", _ScriptedTc((2, text)), "eth0")
-    assert choice.shaper == "nfqueue"
+    choice = registry.choose_shaper("auto", _ScriptedTc((2, text)), "eth0")
+    assert choice.name == "nfqueue" and choice.shaper is nfqueue.Nfqueue
     assert "netem is missing" in choice.note and "\n" not in choice.note
-    with pytest.raises(netem.ShapingError, match="--shaper nfqueue"):
-        netem.choose_shaper("netem", _ScriptedTc((2, text)), "eth0")
+    with pytest.raises(base.ShapingError, match="--shaper nfqueue"):
+        registry.choose_shaper("netem", _ScriptedTc((2, text)), "eth0")
 
 
 @pytest.mark.parametrize(
@@ -90,7 +92,7 @@ def test_probe_reports_missing_netem(text):
     ],
 )
 def test_probe_raises_on_other_errors(text):
-    with pytest.raises(netem.ShapingError, match=text.strip()[:20]):
+    with pytest.raises(base.ShapingError, match=text.strip()[:20]):
         netem.probe_netem(_ScriptedTc((2, text)), "eth0")
 
 
@@ -98,20 +100,21 @@ def test_probe_with_netem_present_deletes_its_qdisc():
     tc = _ScriptedTc((0, ""), (0, ""))
     assert netem.probe_netem(tc, "eth0") == (True, "")
     assert tc.calls[1] == netem.qdisc_del_root("eth0")
-    assert netem.choose_shaper("auto", _ScriptedTc((0, ""), (0, "")), "eth0").shaper == "netem"
-    with pytest.raises(netem.ShapingError, match="could not delete"):
+    assert registry.choose_shaper("auto", _ScriptedTc((0, ""), (0, "")), "eth0").name == "netem"
+    with pytest.raises(base.ShapingError, match="could not delete"):
         netem.probe_netem(_ScriptedTc((0, ""), (2, "RTNETLINK answers: Busy")), "eth0")
 
 
 def test_choose_shaper_nfqueue_needs_no_probe_and_rejects_unknown():
     tc = _ScriptedTc()
-    assert netem.choose_shaper("nfqueue", tc).shaper == "nfqueue" and tc.calls == []
+    assert registry.choose_shaper("nfqueue", tc).name == "nfqueue" and tc.calls == []
+    assert set(registry.SHAPERS) == {"netem", "nfqueue"} and registry.CHOICES[0] == "auto"
     with pytest.raises(ValueError, match="'fast'"):
-        netem.choose_shaper("fast", tc)
+        registry.choose_shaper("fast", tc)
 
 
 def test_run_local_returns_code_and_text():
-    code, out = netem.run_local([sys.executable, "-c", "import sys; print('hi'); sys.exit(3)"])
+    code, out = base.run_local([sys.executable, "-c", "import sys; print('hi'); sys.exit(3)"])
     assert (code, out.strip()) == (3, "hi")
 
 
@@ -136,26 +139,26 @@ def test_nfqueue_rules_are_input_bypass_and_undoable():
 def test_delayer_argv_and_validation():
     argv = nfqueue.delayer_argv(2, 5, duration_s=600, pidfile="/tmp/d.pid")
     assert argv == [
-        "python3", "-m", "lab.shaping.nfqueue", "--queue", "2", "--delay-ms", "5",
+        "python3", "-m", "lab.node.delayer", "--queue", "2", "--delay-ms", "5",
         "--duration", "600", "--pidfile", "/tmp/d.pid",
     ]  # fmt: skip
     with pytest.raises(ValueError, match="queue"):
-        nfqueue.Delayer(70000, 5)
+        delayer.Delayer(70000, 5)
     with pytest.raises(ValueError, match="delay"):
-        nfqueue.Delayer(0, -1)
+        delayer.Delayer(0, -1)
 
 
 def test_netlink_messages_are_framed_as_the_kernel_expects():
-    attr = nfqueue._attr(2, struct.pack("!IB", 0, 1))  # 5-byte payload: padded to 8
+    attr = nfnetlink.attr(2, struct.pack("!IB", 0, 1))  # 5-byte payload: padded to 8
     assert len(attr) == 12 and struct.unpack_from("=HH", attr) == (9, 2)
-    msg = nfqueue._nfq_msg(nfqueue.NFQNL_MSG_VERDICT_BATCH, 7, attr, seq=42)
+    msg = nfnetlink.nfq_msg(nfnetlink.NFQNL_MSG_VERDICT_BATCH, 7, attr, seq=42)
     length, kind, flags, seq, pid = struct.unpack_from("=IHHII", msg)
     assert (length, kind, flags, seq, pid) == (len(msg), 0x303, 1, 42, 0)
     assert struct.unpack_from("!BBH", msg, 16) == (0, 0, 7)  # queue number big endian
 
 
 def test_module_help_runs():
-    for mod in ("lab.shaping.nfqueue", "lab.shaping.probe"):
+    for mod in ("lab.node.delayer", "lab.node.probe"):
         out = subprocess.run(
             [sys.executable, "-m", mod, "--help"], cwd=REPO, capture_output=True, text=True,
             timeout=30, check=True,
@@ -182,15 +185,17 @@ def test_verify_compares_the_added_round_trip():
 @pytest.mark.timeout(60)
 def test_probe_over_loopback(capsys):
     srv_port = _free_port()
-    server = threading.Thread(target=probe.serve, args=(srv_port, 10.0, "127.0.0.1"), daemon=True)
+    server = threading.Thread(
+        target=node_probe.serve, args=(srv_port, 10.0, "127.0.0.1"), daemon=True
+    )
     server.start()
-    stats = probe.ping("127.0.0.1", srv_port, count=20, timeout=10)
+    stats = node_probe.ping("127.0.0.1", srv_port, count=20, timeout=10)
     assert stats["count"] == 20
     assert 0 < stats["min_ms"] <= stats["p50_ms"] <= stats["p90_ms"] <= stats["max_ms"]
-    result = probe.bulk("127.0.0.1", srv_port, mbytes=2, timeout=10)
+    result = node_probe.bulk("127.0.0.1", srv_port, mbytes=2, timeout=10)
     assert result["bytes"] == 2_000_000 and result["seconds"] > 0
     out = subprocess.run(
-        [sys.executable, "-m", "lab.shaping.probe", "ping", "--host", "127.0.0.1",
+        [sys.executable, "-m", "lab.node.probe", "ping", "--host", "127.0.0.1",
          "--port", str(srv_port), "--count", "5", "--timeout", "10"],
         cwd=REPO, capture_output=True, text=True, timeout=30, check=True,
     )  # fmt: skip
@@ -203,68 +208,3 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-# --- apply.shaped: the order of commands (the real run is in test_shaping_netns.py) ----------
-
-
-class _RecordingNode:
-    """Answers like a healthy node whose kernel does (or does not) have netem; records argvs.
-
-    Only for the command order: the netem branch cannot run for real on a kernel without netem.
-    Probe pings answer the given round trips in order (baseline first, then shaped).
-    """
-
-    def __init__(self, name: str, log: list, has_netem: bool, rtts: list[float]):
-        self.name, self.log, self.has_netem, self.rtts = name, log, has_netem, list(rtts)
-
-    def __call__(self, argv):
-        argv = list(argv)
-        self.log.append((self.name, argv))
-        if argv[:3] == ["tc", "qdisc", "add"] and "netem" in argv and not self.has_netem:
-            return 2, "Error: Specified qdisc kind is unknown.\n"
-        if "ping" in argv:
-            rtt = self.rtts.pop(0)
-            return 0, json.dumps({"count": 5, "p50_ms": rtt, "p90_ms": rtt}) + "\n"
-        return 0, ""
-
-
-def _nodes(log: list, has_netem: bool, rtts: list[float]) -> list[apply.Node]:
-    # Node 0 pings node 1, so only node 0 needs answers.
-    recs = [_RecordingNode(f"n{i}", log, has_netem, rtts if i == 0 else []) for i in range(2)]
-    return [apply.Node(r.name, r, f"10.9.0.{i + 2}") for i, r in enumerate(recs)]
-
-
-def _commands(log: list, node: str) -> list[str]:
-    return [" ".join(a) for n, a in log if n == node]
-
-
-def test_shaped_nfqueue_order_and_undo_after_an_error():
-    log: list = []
-    nodes = _nodes(log, has_netem=False, rtts=[0.05, 10.3])
-    with pytest.raises(RuntimeError, match="boom"), apply.shaped(nodes, 5.0, rate_mbit=50) as rep:
-        assert rep.shaper == "nfqueue" and "netem is missing" in rep.note
-        raise RuntimeError("boom")
-    cmds = _commands(log, "n1")
-    steps = ("tc qdisc add dev eth0 root tbf", "sh -c rm -f /tmp/lab-shaping-n1-delay.pid",
-             "iptables -w 5 -I INPUT", "iptables -w 5 -D INPUT", "sh -c [ -s",
-             "tc qdisc del dev eth0 root")  # fmt: skip
-    order = [next(i for i, c in enumerate(cmds) if c.startswith(step)) for step in steps]
-    assert order == sorted(order), cmds
-    assert "-s 10.9.0.2" in next(c for c in cmds if "-I INPUT" in c)  # rules name the peer
-
-
-def test_shaped_netem_puts_tbf_below_netem_and_undoes_a_failed_verify():
-    log: list = []
-    nodes = _nodes(log, has_netem=True, rtts=[0.05, 12.9])  # 12.85 ms added for 10: over 20%
-    with (
-        pytest.raises(ValueError, match="not doing what was asked"),
-        apply.shaped(nodes, 5.0, "auto", rate_mbit=50),
-    ):
-        pytest.fail("a failed verification must not run the body")
-    cmds = _commands(log, "n1")
-    assert "tc qdisc add dev eth0 root handle 1: netem delay 5ms" in cmds
-    assert any(c.startswith("tc qdisc add dev eth0 parent 1: tbf rate 50mbit") for c in cmds)
-    assert "tc qdisc del dev eth0 root" in cmds  # undone although verify failed
-    assert cmds[-1].startswith("sh -c kill -TERM $(cat /tmp/lab-shaping-n1-probe.pid.sh)")
-    assert not any("iptables" in c or "nfqueue" in c for c in cmds)

@@ -1,0 +1,189 @@
+"""The files of a sweep in ``runs/<run-id>/``: ``latency.csv``, ``latency.json`` (with the
+definitions, the links, every run), ``latency.png``, and at the largest delay ``trace.json``
+(every allreduce configuration's representative step) and ``gantt.png`` (the timeline cap,
+overlap on vs off). Everything is read from the collected rank logs (``ddp.records.load_run``).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddp.records import load_run
+from lab.experiments.latency import figures, timeline
+from lab.experiments.latency.console import DEFINITIONS, Headline, headline
+from lab.experiments.latency.result import ConfigRun, SweepResult
+from lab.experiments.latency.stats import Row, derive_rows, summarize
+
+__all__ = [
+    "Outputs",
+    "combine_rounds",
+    "default_timeline_cap",
+    "write_csv",
+    "write_json",
+    "write_outputs",
+]
+
+
+def combine_rounds(result: SweepResult) -> list[Row]:
+    """One row per (delay, configuration): steps pooled over its rounds from the collected
+    logs, parity required in every round."""
+    groups: dict[tuple[float, str], list[ConfigRun]] = {}
+    for run in result.runs:
+        groups.setdefault((run.ms, run.conf.name), []).append(run)
+    rows = []
+    for (ms, _), group in groups.items():
+        logs = [(str(result.log_dir(run)), load_run(result.log_dir(run))) for run in group]
+        stats = summarize(logs, result.plan.warmup)
+        parities = [run.parity for run in group]
+        conf = group[0].conf
+        rows.append(
+            Row(
+                ms,
+                conf.label,
+                conf.cap_mb,
+                conf.overlap,
+                stats.calls,
+                stats.median_step_ms,
+                stats.median_comm_ms,
+                stats.steps_measured,
+                None if None in parities else all(parities),
+            )
+        )
+    return derive_rows(rows)
+
+
+def default_timeline_cap(rows: Sequence[Row], ms: float) -> float | None:
+    """The fastest bucketed cap with overlap on at ``ms``: the configuration a user would pick,
+    shown beside the same cap with overlap off."""
+    bucketed = [r for r in rows if r.ms == ms and r.cap_mb and r.overlap]
+    if not bucketed:
+        bucketed = [r for r in rows if r.ms == ms and r.cap_mb is not None]
+    best = min(bucketed, key=lambda r: r.median_step_ms, default=None)
+    return None if best is None else best.cap_mb
+
+
+def _blank(value: object) -> object:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
+def _csv_row(r: Row) -> dict[str, object]:
+    return {
+        "ms": r.ms,
+        "config": r.config,
+        "bucket_cap_mb": _blank(r.cap_mb),
+        "overlap": _blank(r.overlap),
+        "allreduce_calls_per_step": r.calls,
+        "median_step_ms": round(r.median_step_ms, 3),
+        "exposed_comm_ms": _blank(round(r.exposed_comm_ms, 3)),
+        "median_comm_wait_ms": round(r.median_comm_ms, 3),
+        "speedup_vs_per_parameter": _blank(round(r.speedup_vs_per_parameter, 3)),
+        "parity": r.parity_text,
+        "steps_measured": r.steps_measured,
+    }
+
+
+def write_csv(path: Path, rows: list[Row]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(_csv_row(rows[0])) if rows else [])
+        writer.writeheader()
+        writer.writerows(_csv_row(r) for r in rows)
+
+
+def _jsonable(value: object) -> object:
+    # NaN is not JSON; null says "not measured" honestly.
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def write_json(path: Path, rows: list[Row], headlines: list[Headline], extra: dict) -> None:
+    """``extra`` carries the run's plan, link measurements and file names."""
+    doc = {
+        **extra,
+        "definitions": DEFINITIONS,
+        "rows": [dataclasses.asdict(r) for r in rows],
+        "headline": [dataclasses.asdict(h) for h in headlines],
+    }
+    path.write_text(json.dumps(_jsonable(doc), indent=2) + "\n")
+
+
+@dataclass
+class Outputs:
+    rows: list[Row]
+    headlines: list[Headline]
+    files: list[Path]
+
+
+def _timelines(result: SweepResult, ms: float, cap: float | None) -> tuple[list, list, dict]:
+    """Round 1's allreduce runs at ``ms``: every one's representative step, and the pair of
+    ``cap`` (overlap on, off) for the Gantt chart."""
+    traced = [r for r in result.runs if r.ms == ms and r.round == 1 and not r.conf.is_floor]
+    lines, pair, steps = [], [], {}
+    for run in traced:
+        logs, where = load_run(result.log_dir(run)), str(result.log_dir(run))
+        step = timeline.representative_step(logs, result.plan.warmup, where)
+        steps[run.conf.name] = step
+        lines.append(timeline.load_step(logs, step, f"{ms:g} ms, {run.conf.label}", where))
+        if run.conf.cap_mb == cap:
+            pair.append(lines[-1])
+    return lines, pair, steps
+
+
+def write_outputs(result: SweepResult) -> Outputs:
+    """Every file of the sweep, from the collected logs; ValueError if they cannot give them."""
+    plan, run_dir = result.plan, result.run_dir
+    rows = combine_rounds(result)
+    delays = list(dict.fromkeys(r.ms for r in rows))
+    headlines = [headline(rows, ms) for ms in delays]
+    files = [run_dir / "latency.csv", run_dir / "latency.png"]
+    write_csv(files[0], rows)
+    figures.plot_sweep(files[1], rows)
+
+    ms = max(delays, default=None)
+    cap = plan.timeline_cap
+    if cap is None and ms is not None:
+        cap = default_timeline_cap(rows, ms)
+    steps: dict[str, int] = {}
+    if ms is not None:
+        lines, pair, steps = _timelines(result, ms, cap)
+        if lines:
+            files.append(run_dir / "trace.json")
+            files[-1].write_text(json.dumps(timeline.chrome_trace(lines)))
+            files.append(run_dir / "gantt.png")
+            suptitle = f"one step at {ms:g} ms link delay, {plan.nodes} ranks"
+            timeline.write_gantt(files[-1], pair, suptitle=suptitle)
+    files.append(run_dir / "latency.json")
+    plan_doc = {
+        f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if f.name != "train"
+    }
+    extra = {
+        "run_id": result.run_id,
+        "settings": {**plan_doc, "train": plan.train.to_dict()},
+        "links": [dataclasses.asdict(link) for link in result.links],
+        "timeline": {"ms": ms, "cap_mb": cap, "steps": steps},
+        "runs": [
+            {
+                "name": run.job,
+                "seconds": round(run.seconds, 1),
+                "exit_codes": run.codes,
+                "median_step_ms": run.stats.median_step_ms,
+            }
+            for run in result.runs
+        ],
+        "seconds": round(result.seconds, 1),
+        "files": [f.name for f in files],
+    }
+    write_json(files[-1], rows, headlines, extra)
+    return Outputs(rows, headlines, files)

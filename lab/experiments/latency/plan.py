@@ -1,0 +1,177 @@
+"""``lab latency``'s plan: the link delays, the configurations run at each, and the training
+config of every one of them, validated before any container exists.
+
+Configurations differ only in bucket cap, overlap and sync mode: each one's ``TrainConfig`` is
+the sweep's base config with those fields replaced (same model, seed, data, steps and simulated
+compute). The no-sync floor (no communication at all) runs first in each round; it is what
+"exposed communication" is measured from. Pure: tested without Docker.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddp.config import TrainConfig
+from lab.engine.layout import Layout
+from lab.engine.specs import DEFAULT_IMAGE
+from lab.shaping.registry import CHOICES
+
+__all__ = [
+    "DEFAULT_CAPS",
+    "TRAIN_DEFAULTS",
+    "Configuration",
+    "LatencyPlan",
+    "Planned",
+    "job_name",
+]
+
+DEFAULT_CAPS = (0.0, 0.25, 1.0, 4.0, 25.0)  # MB; 0 = one allreduce per parameter tensor
+# The deep MLP has 24 parameter tensors: per-parameter allreduce pays the link 24 times a step.
+# The collective timeout is well below the run timeout, so a rank that lost a peer says so
+# (its diagnosis) before lab stops the configuration.
+TRAIN_DEFAULTS = TrainConfig(model="deep", steps=20, batch_size=64, seed=0,
+                             collective_timeout_s=60.0)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One configuration of the sweep: a bucket cap and overlap, or (cap None) the floor."""
+
+    cap_mb: float | None
+    overlap: bool | None = None
+
+    @property
+    def is_floor(self) -> bool:
+        return self.cap_mb is None
+
+    @property
+    def name(self) -> str:
+        """File-safe: part of the configuration's job name (its directory in the run)."""
+        if self.cap_mb is None:
+            return "nosync"
+        return f"cap{self.cap_mb:g}-{'overlap' if self.overlap else 'nooverlap'}"
+
+    @property
+    def label(self) -> str:
+        if self.cap_mb is None:
+            return "no sync (floor)"
+        what = "per-parameter" if self.cap_mb == 0 else f"cap {self.cap_mb:g} MB"
+        return f"{what}, overlap {'on' if self.overlap else 'off'}"
+
+    def train_config(self, base: TrainConfig) -> TrainConfig:
+        """``base`` with this configuration's fields. The floor keeps the simulated backward
+        compute too, so exposed communication stays step time minus floor."""
+        if self.cap_mb is None:
+            return base.replace(sync="none")
+        return base.replace(bucket_cap_mb=self.cap_mb, overlap=bool(self.overlap))
+
+
+def job_name(conf: Configuration, ms: float, round_: int) -> str:
+    """The job of one run of a configuration: ``runs/<run-id>/<job>/``."""
+    return f"{ms:g}ms-{conf.name}-r{round_}"
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One job of the sweep, in run order."""
+
+    ms: float
+    round: int
+    conf: Configuration
+    job: str
+    train: TrainConfig
+
+
+def _finite(flag: str, value: float, minimum: float) -> None:
+    if not math.isfinite(value) or value < minimum:
+        raise ValueError(f"{flag} must be a finite number >= {minimum:g}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class LatencyPlan:
+    """What ``python -m lab latency`` measures, and its bounds."""
+
+    ms: tuple[float, ...] = (5.0,)  # one-way delay per packet
+    shaper: str = "auto"
+    rate_mbit: float | None = None
+    caps: tuple[float, ...] = DEFAULT_CAPS
+    warmup: int = 2  # first steps include gloo's connection set-up: not measured
+    rounds: int = 2  # the whole plan runs this often, interleaved: load drift hits all alike
+    nodes: int = 4
+    train: TrainConfig = field(default_factory=lambda: TRAIN_DEFAULTS)
+    timeline_cap: float | None = None  # None: the fastest bucketed cap with overlap on
+    run_timeout_s: float = 300.0  # wall time of one configuration
+    image: str = DEFAULT_IMAGE
+    runs_dir: Path = Path("runs")
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.ms:
+            raise ValueError("give at least one --ms value")
+        for ms in self.ms:
+            _finite("--ms", ms, 0.0)
+        if len(set(self.ms)) != len(self.ms):
+            raise ValueError(f"--ms values repeat: {list(self.ms)}; give each delay once")
+        if self.shaper not in CHOICES:
+            raise ValueError(f"--shaper must be one of {', '.join(CHOICES)}, got {self.shaper!r}")
+        if self.rate_mbit is not None and not (
+            math.isfinite(self.rate_mbit) and self.rate_mbit > 0
+        ):
+            raise ValueError("--rate-mbit must be a finite number > 0 (leave it out for no limit)")
+        if not self.caps:
+            raise ValueError("--caps is empty; e.g. --caps 0,0.25,1,4,25")
+        for cap in self.caps:
+            _finite("--caps", cap, 0.0)
+        if len(set(self.caps)) != len(self.caps):
+            raise ValueError(f"--caps values repeat: {list(self.caps)}; give each cap once")
+        if self.warmup < 0 or self.train.steps <= self.warmup:
+            raise ValueError(
+                f"--steps must exceed the {self.warmup} warm-up steps (which include gloo's "
+                f"connection set-up), got --steps {self.train.steps}; raise --steps or lower "
+                "--warmup"
+            )
+        if self.rounds < 1:
+            raise ValueError(f"--rounds must be an integer >= 1, got {self.rounds!r}")
+        if self.nodes < 2:
+            raise ValueError(f"--nodes must be >= 2 (a link needs two ends), got {self.nodes}")
+        if self.timeline_cap is not None and self.timeline_cap not in self.caps:
+            raise ValueError(
+                f"--timeline-cap {self.timeline_cap:g} is not one of --caps "
+                f"{','.join(f'{c:g}' for c in self.caps)}"
+            )
+        if not self.run_timeout_s > 0:
+            raise ValueError(f"--run-timeout must be > 0 seconds, got {self.run_timeout_s!r}")
+        if not self.train.collective_timeout_s < self.run_timeout_s:
+            raise ValueError(
+                f"--collective-timeout {self.train.collective_timeout_s:g} must be below "
+                f"--run-timeout {self.run_timeout_s:g}: a rank that lost a peer must give up "
+                "(and say which peer) before lab stops the configuration; lower "
+                "--collective-timeout or raise --run-timeout"
+            )
+        self.train.local_batch(self.nodes)  # the global batch must split over the ranks
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.nodes, 1)
+
+    def configurations(self) -> list[Configuration]:
+        """At each delay, in order: the floor, then per cap overlap on and off (adjacent, so
+        slow drift of the shared host's load hits both alike)."""
+        confs = [Configuration(None)]
+        for cap in self.caps:
+            confs += [Configuration(cap, True), Configuration(cap, False)]
+        return confs
+
+    def jobs(self, ms: float) -> list[Planned]:
+        """The jobs at one delay: every round runs every configuration."""
+        return [
+            Planned(ms, r, conf, job_name(conf, ms, r), conf.train_config(self.train))
+            for r in range(1, self.rounds + 1)
+            for conf in self.configurations()
+        ]
+
+    @property
+    def total(self) -> int:
+        return len(self.ms) * self.rounds * len(self.configurations())

@@ -1,0 +1,56 @@
+"""What a sweep produced, as plain data: the verified links and every configuration's run.
+
+Docker-free, so the report and its tests build on it without the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lab.experiments.latency.plan import Configuration, LatencyPlan
+from lab.experiments.latency.stats import ConfigStats
+
+__all__ = ["ConfigRun", "LinkReport", "SweepResult"]
+
+
+@dataclass
+class LinkReport:
+    """The verified link of one delay (``shaper`` "none" when nothing was shaped)."""
+
+    ms: float
+    shaper: str
+    note: str = ""
+    line: str = ""
+    rtt_p50_ms: float | None = None
+    rtt_p90_ms: float | None = None
+    baseline_p50_ms: float | None = None
+
+
+@dataclass
+class ConfigRun:
+    """One run (one round) of one configuration: its job, how its ranks exited, and this run's
+    statistics (from the records the ranks streamed; the report re-reads the collected logs)."""
+
+    conf: Configuration
+    ms: float
+    round: int
+    job: str
+    codes: dict[int, int]
+    stats: ConfigStats
+    parity: bool | None  # None for the floor: replicas drift by design
+    seconds: float
+
+
+@dataclass
+class SweepResult:
+    plan: LatencyPlan
+    run_id: str
+    run_dir: Path
+    links: list[LinkReport] = field(default_factory=list)
+    runs: list[ConfigRun] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def log_dir(self, run: ConfigRun) -> Path:
+        """Where the cluster collected ``run``'s rank logs."""
+        return self.run_dir / run.job / "logs"

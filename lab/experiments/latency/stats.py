@@ -1,0 +1,118 @@
+"""A configuration's numbers from its rank logs (``ddp.records.RankLog``), and the table rows
+derived by comparing configurations at one delay.
+
+The logs are either collected from the run (``ddp.records.load_run``) or built from the records
+the ranks streamed while running; both are the same typed records. Pure: tested from synthetic
+logs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ddp.records import RankLog, StepRecord
+
+__all__ = ["ConfigStats", "Row", "derive_rows", "summarize"]
+
+Logs = Mapping[int, RankLog]
+
+
+@dataclass(frozen=True)
+class ConfigStats:
+    """What one configuration's logs say, before comparing it with the others."""
+
+    calls: int  # allreduce calls per step (the config record's num_buckets)
+    median_step_ms: float
+    median_comm_ms: float  # slowest rank's wait for allreduces after backward, median
+    steps_measured: int
+
+
+def _complete_steps(logs: Logs, warmup: int, where: str) -> dict[int, list[StepRecord]]:
+    """The measured steps every rank logged, by step."""
+    by_step: dict[int, list[StepRecord]] = {}
+    for log in logs.values():
+        for record in log.steps:
+            by_step.setdefault(record.step, []).append(record)
+    measured = {s: recs for s, recs in by_step.items() if s > warmup and len(recs) == len(logs)}
+    if not measured:
+        raise ValueError(
+            f"{where}: no step after the {warmup} warm-up steps was logged by all "
+            f"{len(logs)} ranks; run more --steps"
+        )
+    return measured
+
+
+def summarize(runs: Sequence[tuple[str, Logs]], warmup: int) -> ConfigStats:
+    """Statistics of one configuration pooled over its runs (rounds), given as ``(where, logs)``
+    (``where`` names the run in errors); each run's first ``warmup`` steps are left out. A
+    step's time is its slowest rank's (the job waits for it). ValueError if the logs cannot
+    give them."""
+    calls: set[int] = set()
+    step_ms: list[float] = []
+    comm_ms: list[float] = []
+    for where, logs in runs:
+        if not logs:
+            raise ValueError(f"{where}: no rank logs")
+        configs = [log.config for log in logs.values()]
+        if any(c is None for c in configs):
+            raise ValueError(f"{where}: a rank log has no config record (did the rank start?)")
+        calls.update(c.num_buckets for c in configs if c is not None)
+        measured = _complete_steps(logs, warmup, where)
+        step_ms += [max(r.step_ms for r in recs) for _, recs in sorted(measured.items())]
+        comm_ms += [max(r.comm_ms for r in recs) for _, recs in sorted(measured.items())]
+    if len(calls) != 1:
+        raise ValueError(f"runs of one configuration disagree on allreduce calls: {calls}")
+    return ConfigStats(
+        calls=calls.pop(),
+        median_step_ms=statistics.median(step_ms),
+        median_comm_ms=statistics.median(comm_ms),
+        steps_measured=len(step_ms),
+    )
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table / CSV. ``cap_mb`` and ``overlap`` are None for the no-sync floor;
+    ``parity`` is None where it does not apply (no sync: replicas drift by design)."""
+
+    ms: float
+    config: str
+    cap_mb: float | None
+    overlap: bool | None
+    calls: int
+    median_step_ms: float
+    median_comm_ms: float
+    steps_measured: int
+    parity: bool | None
+    exposed_comm_ms: float = math.nan
+    speedup_vs_per_parameter: float = math.nan
+
+    @property
+    def is_floor(self) -> bool:
+        return self.cap_mb is None
+
+    @property
+    def parity_text(self) -> str:
+        return "n/a (no sync)" if self.parity is None else ("holds" if self.parity else "BROKEN")
+
+
+def derive_rows(rows: list[Row]) -> list[Row]:
+    """Fill exposed communication and speedup vs per-parameter, per latency value."""
+    out = []
+    for row in rows:
+        same_ms = [r for r in rows if r.ms == row.ms]
+        floor = next((r for r in same_ms if r.is_floor), None)
+        exposed = row.median_step_ms - floor.median_step_ms if floor else math.nan
+        speedup = math.nan
+        if not row.is_floor:
+            base = next((r for r in same_ms if r.cap_mb == 0 and r.overlap == row.overlap), None)
+            if base is not None:
+                speedup = base.median_step_ms / row.median_step_ms
+        out.append(
+            dataclasses.replace(row, exposed_comm_ms=exposed, speedup_vs_per_parameter=speedup)
+        )
+    return out

@@ -1,0 +1,173 @@
+"""``python -m lab.node.probe``: a TCP echo probe measuring the round trip between two nodes.
+
+Standard library only: it runs in the node containers (and in network namespaces in the tests).
+Judging what it measured against the asked delay is the host's business
+(:func:`lab.shaping.probe.verify`). The server answers two kinds of connection, chosen by the
+first byte: ``E`` echoes every byte back (round-trip samples), ``S`` swallows a bulk transfer
+and answers with the byte count (a throughput sanity check of the shaper). The client prints
+one JSON line.
+
+    python -m lab.node.probe serve --port P --duration S
+    python -m lab.node.probe ping --host H --port P --count N
+    python -m lab.node.probe bulk --host H --port P --mbytes M
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import struct
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+__all__ = ["bulk", "main", "ping", "serve"]
+
+_MSG = 64  # bytes per echo: one small segment, like a 1-float allreduce's messages
+_WARMUP = 3  # first round trips include slow-start/ARP effects; not samples of the steady state
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        chunk = conn.recv(left)
+        if not chunk:
+            raise ConnectionError(f"peer closed with {left} of {n} bytes missing")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _handle(conn: socket.socket, deadline: float) -> None:
+    with conn:
+        conn.settimeout(max(deadline - time.monotonic(), 0.1))
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            mode = conn.recv(1)
+            if mode == b"E":
+                while data := conn.recv(65536):
+                    conn.sendall(data)
+            elif mode == b"S":
+                total = 0
+                while data := conn.recv(1 << 20):
+                    total += len(data)
+                conn.sendall(struct.pack("!Q", total))
+        except OSError:
+            pass  # a client that vanished or a timeout ends only its own connection
+
+
+def serve(port: int, duration: float, host: str = "0.0.0.0") -> None:
+    """Accept probe connections on `host:port` for `duration` seconds, one thread each."""
+    deadline = time.monotonic() + duration
+    with socket.create_server((host, port), reuse_port=False) as srv:
+        print(json.dumps({"serving": port}), flush=True)
+        while (left := deadline - time.monotonic()) > 0:
+            srv.settimeout(min(left, 0.5))
+            try:
+                conn, _ = srv.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=_handle, args=(conn, deadline), daemon=True).start()
+
+
+def _connect(host: str, port: int, timeout: float) -> socket.socket:
+    # The server may still be starting (exec'd a moment ago): retry refusals until the timeout.
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            conn = socket.create_connection((host, port), timeout=timeout)
+            break
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn
+
+
+def ping(host: str, port: int, count: int = 50, timeout: float = 30.0) -> dict[str, float]:
+    """Round-trip times of `count` 64-byte echoes (after a short warm-up), in ms.
+
+    Returns ``{"count", "p50_ms", "p90_ms", "min_ms", "max_ms"}``; raises TimeoutError if the
+    whole probe takes longer than `timeout` seconds.
+    """
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count!r}")
+    deadline = time.monotonic() + timeout
+    payload = b"x" * _MSG
+    samples = []
+    with _connect(host, port, timeout) as conn:
+        conn.sendall(b"E")
+        for i in range(count + _WARMUP):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"probe to {host}:{port} took over {timeout} s ({i} echoes)")
+            t0 = time.perf_counter()
+            conn.sendall(payload)
+            _recv_exact(conn, _MSG)
+            if i >= _WARMUP:
+                samples.append((time.perf_counter() - t0) * 1e3)
+    q = statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 else samples * 9
+    return {
+        "count": len(samples),
+        "p50_ms": round(statistics.median(samples), 3),
+        "p90_ms": round(q[8], 3),
+        "min_ms": round(min(samples), 3),
+        "max_ms": round(max(samples), 3),
+    }
+
+
+def bulk(host: str, port: int, mbytes: float = 8.0, timeout: float = 60.0) -> dict[str, float]:
+    """Send `mbytes` MB to the server's sink and time it until the server confirms receipt."""
+    nbytes = int(mbytes * 1e6)
+    chunk = b"\0" * (1 << 16)
+    with _connect(host, port, timeout) as conn:
+        conn.settimeout(timeout)
+        t0 = time.perf_counter()
+        conn.sendall(b"S")
+        sent = 0
+        while sent < nbytes:
+            part = chunk[: nbytes - sent]
+            conn.sendall(part)
+            sent += len(part)
+        conn.shutdown(socket.SHUT_WR)
+        (got,) = struct.unpack("!Q", _recv_exact(conn, 8))
+        seconds = time.perf_counter() - t0
+    if got != nbytes:
+        raise ConnectionError(f"sink received {got} of {nbytes} bytes")
+    return {
+        "bytes": nbytes,
+        "seconds": round(seconds, 4),
+        "mbit_s": round(nbytes * 8 / seconds / 1e6, 1),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m lab.node.probe``."""
+    p = argparse.ArgumentParser(prog="python -m lab.node.probe")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="answer probes for a bounded time")
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--duration", type=float, required=True, help="seconds to serve")
+    s.add_argument("--bind", default="0.0.0.0")
+    for name in ("ping", "bulk"):
+        c = sub.add_parser(name)
+        c.add_argument("--host", required=True)
+        c.add_argument("--port", type=int, required=True)
+        c.add_argument("--timeout", type=float, default=30.0, help="seconds for the whole probe")
+    sub.choices["ping"].add_argument("--count", type=int, default=50)
+    sub.choices["bulk"].add_argument("--mbytes", type=float, default=8.0)
+    args = p.parse_args(argv)
+    if args.cmd == "serve":
+        serve(args.port, args.duration, args.bind)
+    elif args.cmd == "ping":
+        print(json.dumps(ping(args.host, args.port, args.count, args.timeout)), flush=True)
+    else:
+        print(json.dumps(bulk(args.host, args.port, args.mbytes, args.timeout)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

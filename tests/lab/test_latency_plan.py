@@ -1,0 +1,133 @@
+"""``python -m lab latency`` before any container: the sweep's plan (configurations, their
+training configs, job names), and every argument error, refused with exit 2."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from ddp.config import TrainConfig
+from lab import cli
+from lab.experiments import latency
+from lab.experiments.latency.plan import TRAIN_DEFAULTS, Configuration, LatencyPlan
+
+
+def _plan(*argv: str) -> LatencyPlan:
+    _, subparsers = cli.build_parser()
+    return latency.plan(subparsers["latency"].parse_args(list(argv)))
+
+
+def test_plan_runs_the_floor_first_then_each_cap_with_overlap_on_and_off():
+    confs = LatencyPlan(caps=(0, 1, 25)).configurations()
+    assert [(c.cap_mb, c.overlap) for c in confs] == [
+        (None, None), (0, True), (0, False), (1, True), (1, False), (25, True), (25, False)
+    ]  # fmt: skip
+    assert len({c.name for c in confs}) == len(confs)
+    assert confs[1].label == "per-parameter, overlap on"
+    assert confs[4].label == "cap 1 MB, overlap off"
+    assert confs[0].is_floor and confs[0].name == "nosync" and confs[0].label == "no sync (floor)"
+
+
+def test_configurations_differ_only_in_cap_overlap_and_sync():
+    base = TRAIN_DEFAULTS.replace(steps=7, seed=3, backward_delay_ms=120.0)
+    plan = LatencyPlan(caps=(0, 4), train=base)
+    jobs = plan.jobs(5.0)
+    assert len(jobs) == plan.total == 2 * 5  # 2 rounds x (floor + 2 caps x 2)
+    owned = {"bucket_cap_mb", "overlap", "sync"}
+    for p in jobs:
+        changed = {k for k, v in p.train.to_dict().items() if v != getattr(base, k)}
+        assert changed <= owned, changed
+        assert p.train.backward_delay_ms == 120.0  # the floor gets the simulated compute too
+    by = {p.conf: p.train for p in jobs if p.round == 1}
+    assert by[Configuration(None)].sync == "none"
+    assert by[Configuration(0, False)].overlap is False
+    assert by[Configuration(4, True)].bucket_cap_mb == 4 and by[Configuration(4, True)].overlap
+
+
+def test_job_names_are_unique_per_delay_configuration_and_round():
+    plan = LatencyPlan(caps=(0, 0.25), rounds=2)
+    names = [p.job for ms in (1.0, 5.0) for p in plan.jobs(ms)]
+    assert len(set(names)) == len(names) == 2 * 2 * 5
+    assert "5ms-cap0.25-nooverlap-r2" in names and "1ms-nosync-r1" in names
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"ms": ()}, "at least one --ms"),
+        ({"ms": (-1.0,)}, "--ms must be a finite number >= 0"),
+        ({"ms": (5.0, 5.0)}, "--ms values repeat"),
+        ({"caps": (0.0, -1.0)}, "--caps must be a finite number >= 0"),
+        ({"caps": (1.0, 1.0)}, "--caps values repeat"),
+        ({"caps": ()}, "--caps is empty"),
+        ({"train": TRAIN_DEFAULTS.replace(steps=2)}, "--steps must exceed the 2 warm-up steps"),
+        ({"nodes": 1}, "--nodes must be >= 2"),
+        ({"rounds": 0}, "--rounds must be an integer >= 1"),
+        ({"timeline_cap": 3.0}, "--timeline-cap 3 is not one of --caps"),
+        ({"shaper": "tc"}, "--shaper must be one of auto, netem, nfqueue"),
+        ({"rate_mbit": 0.0}, "--rate-mbit must be a finite number > 0"),
+        ({"train": TRAIN_DEFAULTS.replace(batch_size=30)}, "--batch-size 30 is not divisible"),
+        ({"run_timeout_s": 60.0}, "--collective-timeout 60 must be below --run-timeout 60"),
+    ],
+)
+def test_plan_names_the_bad_value(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        LatencyPlan(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--caps", "0,x"], "expected comma-separated numbers"),
+        (["--ms", "-2"], "argument --ms: expected a finite number >= 0"),
+        (["--steps", "2"], "--steps must exceed the 2 warm-up steps"),
+        (["--timeline-cap", "3"], "--timeline-cap 3 is not one of --caps"),
+        (["--shaper", "tc"], "invalid choice"),
+        (["--model", "huge"], "invalid choice"),
+        (["--rate-mbit", "0"], "argument --rate-mbit: expected a finite number > 0"),
+        (["--rounds", "0"], "argument --rounds: expected an integer >= 1"),
+        (["--nodes", "1"], "argument --nodes: expected an integer >= 2"),
+        (["--run-timeout", "0"], "argument --run-timeout: expected a finite number > 0"),
+        (["--collective-timeout", "300"], "--collective-timeout 300 must be below --run-timeout"),
+        (["--run-timeout", "30"], "lower --collective-timeout or raise --run-timeout"),
+    ],
+)
+def test_cli_rejects_bad_arguments_before_any_docker_call(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["latency", *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "usage: python -m lab latency" in err
+
+
+def test_cli_defaults_flags_and_help(capsys):
+    plan = _plan("--ms", "1", "--ms", "5")
+    assert plan.ms == (1.0, 5.0)
+    assert plan.caps == (0.0, 0.25, 1.0, 4.0, 25.0)
+    assert (plan.rounds, plan.warmup, plan.nodes, plan.run_timeout_s) == (2, 2, 4, 300.0)
+    assert plan.train == TRAIN_DEFAULTS and plan.train.collective_timeout_s == 60.0
+    assert _plan().ms == (5.0,)
+    plan = _plan("--model", "mini", "--steps", "9", "--batch-size", "32", "--seed", "4",
+                 "--backward-ms", "120", "--collective-timeout", "20",
+                 "--run-timeout", "90")  # fmt: skip
+    want = TRAIN_DEFAULTS.replace(model="mini", steps=9, batch_size=32, seed=4,
+                                  backward_delay_ms=120.0, collective_timeout_s=20.0)  # fmt: skip
+    assert plan.train == want and plan.run_timeout_s == 90.0
+    with pytest.raises(SystemExit):
+        cli.main(["latency", "--help"])
+    text = capsys.readouterr().out
+    assert "overlap gain = the fastest configuration with overlap off" in text
+    # The sweep varies cap, overlap and sync itself: those ddp flags are not offered.
+    for flag in ("--bucket-cap-mb", "--no-overlap", "--sync", "--timeout "):
+        assert flag not in text
+    assert "model to train (default deep)" in text  # TrainConfig's help, the sweep's default
+
+
+def test_training_flags_come_from_trainconfig():
+    _, subparsers = cli.build_parser()
+    actions = {a.dest: a for a in subparsers["latency"]._actions}
+    model = next(f for f in dataclasses.fields(TrainConfig) if f.name == "model")
+    assert tuple(actions["model"].choices) == model.metadata["choices"]
+    assert actions["steps"].type is int and actions["seed"].default == TRAIN_DEFAULTS.seed

@@ -1,0 +1,108 @@
+"""``lab.shaping.link.shaped``: the order of every command it runs, recorded from fake nodes
+(the netem branch cannot run for real on a kernel without netem; the real run is in
+test_shaping_netns.py), and undo in reverse on every kind of failure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lab.shaping import base, link, netem, nfqueue
+
+
+class _RecordingNode:
+    """Answers like a healthy node whose kernel does (or does not) have netem; records argvs.
+
+    Only for the command order: the netem branch cannot run for real on a kernel without netem.
+    Probe pings answer the given round trips in order (baseline first, then shaped).
+    """
+
+    def __init__(self, name: str, log: list, has_netem: bool, rtts: list[float], fail: str = ""):
+        self.name, self.log, self.has_netem, self.rtts = name, log, has_netem, list(rtts)
+        self.fail = fail  # a command containing this text fails
+
+    def __call__(self, argv):
+        argv = list(argv)
+        self.log.append((self.name, argv))
+        if self.fail and self.fail in " ".join(argv):
+            return 1, "iptables: No chain/target/match by that name.\n"
+        if argv[:3] == ["tc", "qdisc", "add"] and "netem" in argv and not self.has_netem:
+            return 2, "Error: Specified qdisc kind is unknown.\n"
+        if "ping" in argv:
+            rtt = self.rtts.pop(0)
+            return 0, json.dumps({"count": 5, "p50_ms": rtt, "p90_ms": rtt}) + "\n"
+        return 0, ""
+
+
+def _nodes(
+    log: list, has_netem: bool, rtts: list[float], count: int = 2, fail: dict | None = None
+) -> list[base.Node]:
+    # Node 0 pings node 1, so only node 0 needs answers.
+    recs = [
+        _RecordingNode(f"n{i}", log, has_netem, rtts if i == 0 else [], (fail or {}).get(i, ""))
+        for i in range(count)
+    ]
+    return [base.Node(r.name, r, f"10.9.0.{i + 2}") for i, r in enumerate(recs)]
+
+
+def _commands(log: list, node: str) -> list[str]:
+    return [" ".join(a) for n, a in log if n == node]
+
+
+def test_shaped_nfqueue_order_and_undo_after_an_error():
+    log: list = []
+    nodes = _nodes(log, has_netem=False, rtts=[0.05, 10.3])
+    with pytest.raises(RuntimeError, match="boom"), link.shaped(nodes, 5.0, rate_mbit=50) as rep:
+        assert rep.shaper == "nfqueue" and "netem is missing" in rep.note
+        raise RuntimeError("boom")
+    cmds = _commands(log, "n1")
+    steps = ("tc qdisc add dev eth0 root tbf", "sh -c rm -f /tmp/lab-shaping-n1-delay.pid",
+             "iptables -w 5 -I INPUT", "iptables -w 5 -D INPUT", "sh -c [ -s",
+             "tc qdisc del dev eth0 root")  # fmt: skip
+    order = [next(i for i, c in enumerate(cmds) if c.startswith(step)) for step in steps]
+    assert order == sorted(order), cmds
+    assert "-s 10.9.0.2" in next(c for c in cmds if "-I INPUT" in c)  # rules name the peer
+
+
+def test_shaped_netem_puts_tbf_below_netem_and_undoes_a_failed_verify():
+    log: list = []
+    nodes = _nodes(log, has_netem=True, rtts=[0.05, 12.9])  # 12.85 ms added for 10: over 20%
+    with (
+        pytest.raises(base.LinkMismatch, match="not doing what was asked"),
+        link.shaped(nodes, 5.0, "auto", rate_mbit=50),
+    ):
+        pytest.fail("a failed verification must not run the body")
+    cmds = _commands(log, "n1")
+    assert "tc qdisc add dev eth0 root handle 1: netem delay 5ms" in cmds
+    assert any(c.startswith("tc qdisc add dev eth0 parent 1: tbf rate 50mbit") for c in cmds)
+    assert "tc qdisc del dev eth0 root" in cmds  # undone although verify failed
+    assert cmds[-1].startswith("sh -c kill -TERM $(cat /tmp/lab-shaping-n1-probe.pid.sh)")
+    assert not any("iptables" in c or "nfqueue" in c for c in cmds)
+
+
+def test_shaped_undoes_exactly_what_was_applied_in_reverse_when_a_step_fails():
+    # Three nodes; node 2's second rule fails: its first rule, its delayer, then nodes 1 and 0
+    # are undone, in that order, and the probe server stops last.
+    log: list = []
+    nodes = _nodes(
+        log, has_netem=False, rtts=[0.05], count=3, fail={2: "-I INPUT ! -i lo -s 10.9.0.3"}
+    )
+    with pytest.raises(base.ShapingError, match="n2: `iptables"), link.shaped(nodes, 5.0):
+        pytest.fail("a failed step must not run the body")
+    undo = [
+        (n, " ".join(a)) for n, a in log if "-D INPUT" in " ".join(a) or "kill -TERM" in " ".join(a)
+    ]
+    assert [n for n, _ in undo] == ["n2", "n2", "n1", "n1", "n1", "n0", "n0", "n0", "n1"]
+    assert "-s 10.9.0.2" in undo[0][1]  # only the rule that was added is deleted
+    assert "delay.pid" in undo[1][1] and "probe.pid.sh" in undo[-1][1]
+    assert not any("-D INPUT" in c and "-s 10.9.0.3" in c for n, c in undo if n == "n2")
+
+
+def test_shaper_arguments_are_checked():
+    with pytest.raises(ValueError, match="delay"):
+        nfqueue.Nfqueue(-1)
+    with pytest.raises(ValueError, match="rate"):
+        netem.Netem(5, rate_mbit=0)
+    with pytest.raises(ValueError, match="nothing to shape"), link.shaped(_nodes([], False, []), 0):
+        pass
