@@ -97,3 +97,17 @@ def test_every_flag_has_help_and_shows_its_default():
             if action.choices:  # shown, not hidden behind a metavar such as MODE
                 text = p.format_help()
                 assert all(str(c) in text for c in action.choices), f"{name} {flag}"
+
+
+def test_a_plugins_submodules_never_shadow_its_functions():
+    """`lab.experiments.up.run` as a module would replace the package's `run()` once imported
+    (Python binds submodules as package attributes): a second command in one process would
+    then call a module."""
+    import importlib
+    import pkgutil
+
+    for mod in commands().values():
+        for info in pkgutil.walk_packages(getattr(mod, "__path__", []), mod.__name__ + "."):
+            importlib.import_module(info.name)
+        for name in ("add_arguments", "plan", "run", "report"):
+            assert callable(getattr(mod, name)), f"{mod.__name__}.{name}"

@@ -9,8 +9,8 @@ import pytest
 from ddp.flight_recorder import FlightRecorder, load_dumps
 from ddp.records import FailureRecord
 from lab.engine.events import ExitEvent
+from lab.experiments.kill.analysis import build_report
 from lab.experiments.kill.plan import DEFAULT_TRAIN, KillPlan
-from lab.experiments.kill.report import build_report
 from lab.experiments.kill.result import Injection, PhaseOutcome
 from lab.experiments.kill.text import error_meaning, table, tidy_line
 

@@ -130,7 +130,7 @@ def plan(args: argparse.Namespace) -> KillPlan:
 
 
 def run(plan: KillPlan) -> KillResult:
-    from lab.experiments.kill.run import run_kill
+    from lab.experiments.kill.execute import run_kill
 
     return run_kill(plan)
 

@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from lab.experiments.kill.analysis import FaultReport, build_report
 from lab.experiments.kill.recovery import Recovery, compare_runs
-from lab.experiments.kill.report import FaultReport, build_report
 from lab.experiments.kill.result import KillResult
 
 __all__ = ["Summary", "summarize", "summary_dict", "write_summary"]

@@ -55,13 +55,13 @@ def plan(args: argparse.Namespace) -> UpPlan:
 
 
 def run(plan: UpPlan):
-    from lab.experiments.up.run import run_up
+    from lab.experiments.up.execute import run_up
 
     return run_up(plan)
 
 
 def report(result) -> int:
-    from lab.experiments.up.report import format_summary, write_summary
+    from lab.experiments.up.summary import format_summary, write_summary
 
     write_summary(result)
     print(format_summary(result))

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from lab.experiments.up.run import UpResult
+from lab.experiments.up.execute import UpResult
 
 __all__ = ["format_summary", "summary_dict", "write_summary"]
 
