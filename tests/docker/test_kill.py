@@ -23,9 +23,18 @@ pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _lab_kill(tmp_path, *args, timeout=900):
+def _lab_kill(tmp_path, flags: str, timeout=900):
     return subprocess.run(
-        [sys.executable, "-m", "lab", "kill", "--runs-dir", str(tmp_path), "--no-progress", *args],
+        [
+            sys.executable,
+            "-m",
+            "lab",
+            "kill",
+            "--runs-dir",
+            str(tmp_path),
+            "--no-progress",
+            *flags.split(),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -62,17 +71,7 @@ def _check_run(client, tmp_path, result, rank):
 @pytest.mark.timeout(900)
 def test_kill_is_noticed_at_once_and_diagnosed(client, tmp_path):
     result = _lab_kill(
-        tmp_path,
-        "--rank",
-        "2",
-        "--at-step",
-        "3",
-        "--mode",
-        "kill",
-        "--steps",
-        "5",
-        "--collective-timeout",
-        "30",
+        tmp_path, "--rank 2 --at-step 3 --mode kill --steps 5 --collective-timeout 30"
     )
     report, lines = _check_run(client, tmp_path, result, 2)
     assert lines[-1].startswith("diagnosis: rank 2 missing at step 3 (allreduce of bucket 0")
@@ -89,17 +88,7 @@ def test_kill_is_noticed_at_once_and_diagnosed(client, tmp_path):
 @pytest.mark.timeout(900)
 def test_pause_is_noticed_after_the_collective_timeout(client, tmp_path):
     result = _lab_kill(
-        tmp_path,
-        "--rank",
-        "1",
-        "--at-step",
-        "2",
-        "--mode",
-        "pause",
-        "--steps",
-        "4",
-        "--collective-timeout",
-        "10",
+        tmp_path, "--rank 1 --at-step 2 --mode pause --steps 4 --collective-timeout 10"
     )
     report, lines = _check_run(client, tmp_path, result, 1)
     assert lines[-1].startswith("diagnosis: rank 1 missing at step 2 (allreduce of bucket 0")
@@ -114,17 +103,7 @@ def test_pause_is_noticed_after_the_collective_timeout(client, tmp_path):
 @pytest.mark.timeout(900)
 def test_partition_names_the_cut_rank(client, tmp_path):
     result = _lab_kill(
-        tmp_path,
-        "--rank",
-        "3",
-        "--at-step",
-        "2",
-        "--mode",
-        "partition",
-        "--steps",
-        "4",
-        "--collective-timeout",
-        "10",
+        tmp_path, "--rank 3 --at-step 2 --mode partition --steps 4 --collective-timeout 10"
     )
     report, lines = _check_run(client, tmp_path, result, 3)
     assert lines[-1].startswith("diagnosis: rank 3 cut off from the network at step 2")
@@ -137,19 +116,8 @@ def test_partition_names_the_cut_rank(client, tmp_path):
 def test_recover_is_bitwise_identical(client, tmp_path):
     result = _lab_kill(
         tmp_path,
-        "--rank",
-        "1",
-        "--at-step",
-        "4",
-        "--mode",
-        "kill",
-        "--recover",
-        "--steps",
-        "6",
-        "--checkpoint-every",
-        "2",
-        "--collective-timeout",
-        "30",
+        "--rank 1 --at-step 4 --mode kill --recover --steps 6 --checkpoint-every 2 "
+        "--collective-timeout 30",
     )
     report, lines = _check_run(client, tmp_path, result, 1)
     assert lines[-2].startswith("diagnosis: rank 1 missing at step 4")
