@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddp.flight_recorder import FlightRecorder, load_dumps, request_dumps
+from ddp.flight_dumps import load_dumps, request_dumps
+from ddp.flight_recorder import FlightRecorder
 from ddp.gloo_errors import error_meaning
 
 __all__ = ["Diagnosis", "PeerFailure", "diagnose", "explain_failure", "wait_for_dumps"]

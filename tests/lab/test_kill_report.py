@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from ddp.flight_recorder import FlightRecorder, load_dumps
+from ddp.flight_dumps import load_dumps
+from ddp.flight_recorder import FlightRecorder
 from ddp.records import FailureRecord
 from lab.engine.events import ExitEvent
 from lab.experiments.kill.analysis import build_report
