@@ -103,7 +103,9 @@ def test_pause_is_noticed_after_the_collective_timeout(client, tmp_path):
 @pytest.mark.timeout(900)
 def test_partition_names_the_cut_rank(client, tmp_path):
     result = _lab_kill(
-        tmp_path, "--rank 3 --at-step 2 --mode partition --steps 4 --collective-timeout 10"
+        tmp_path,
+        "--rank 3 --at-step 2 --mode partition --steps 4 --collective-timeout 10 "
+        "--step-delay-ms 2000",
     )
     report, lines = _check_run(client, tmp_path, result, 3)
     assert lines[-1].startswith("diagnosis: rank 3 cut off from the network at step 2")
