@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lab.words import count
+
 __all__ = ["Layout"]
 
 
@@ -46,5 +48,4 @@ class Layout:
 
     def describe(self) -> str:
         """``4 nodes x 1 rank``, with the plurals right."""
-        n, k = self.nodes, self.ranks_per_node
-        return f"{n} node{'s' if n != 1 else ''} x {k} rank{'s' if k != 1 else ''}"
+        return f"{count(self.nodes, 'node')} x {count(self.ranks_per_node, 'rank')}"

@@ -25,6 +25,7 @@ from lab.experiments.latency.plan import LatencyPlan, Planned
 from lab.experiments.latency.result import ConfigRun, SweepResult
 from lab.experiments.latency.stats import summarize
 from lab.progress import Progress
+from lab.words import count
 
 __all__ = ["run_sweep"]
 
@@ -103,9 +104,9 @@ def run_sweep(plan: LatencyPlan, echo: Callable[[str], None] = print) -> SweepRe
     result = SweepResult(plan, cluster.run_id, plan.runs_dir / cluster.run_id)
     cluster.run_dir = result.run_dir
     echo(
-        f"run {cluster.run_id}: {plan.nodes} nodes, model {plan.train.model}, "
-        f"{len(plan.configurations())} configurations x {plan.rounds} rounds x "
-        f"{plan.train.steps} steps at {', '.join(f'{m:g}' for m in plan.ms)} ms; "
+        f"run {cluster.run_id}: {count(plan.nodes, 'node')}, model {plan.train.model}, "
+        f"{count(len(plan.configurations()), 'configuration')} x {count(plan.rounds, 'round')} x "
+        f"{count(plan.train.steps, 'step')} at {', '.join(f'{m:g}' for m in plan.ms)} ms; "
         f"output in {result.run_dir}/"
     )
     started = time.monotonic()
