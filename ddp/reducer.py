@@ -72,9 +72,12 @@ class Reducer(ReducerSupport):
         self._hook_state: object = None
         self.static = StaticGraph(len(self._params))
         self._div = self._world  # what each gradient is pre-divided by (join may lower it)
-        self._everywhere = self._world  # a count meaning "no rank used it"
         self._dist_ctx: int | None = None  # torch.distributed.autograd context of this backward
         self._incoming: dict[int, torch.Tensor] = {}
+        # Parameters this rank had no gradient for in the iteration running / last finished:
+        # what a joined rank keeps contributing, as torch's reducer keeps its last used-map.
+        self._local_missing: list[int] = []
+        self.last_local_missing: list[int] = list(range(len(self._params)))
         self._bucket_params = [[self._params[i] for i in spec.indices] for spec in self._plan]
         self._set_buffers(BucketBuffers.build(self._params, self._plan, counts_in_tail=True))
         if self._as_view:
@@ -130,7 +133,7 @@ class Reducer(ReducerSupport):
         ``unused``: indices of parameters this rank's forward did not reach (only with
         ``find_unused_parameters``); they are marked ready at once with a zero contribution.
         ``active_ranks``: under ``join()``, how many ranks still have inputs (the joined ones
-        contribute zeros); without ``divide_by_initial_world_size`` it is the divisor.
+        contribute zero gradients); without ``divide_by_initial_world_size`` it is the divisor.
         ``dist_autograd_context``: the distributed-autograd context the backward will run in.
         """
         if self._expect_backward:
@@ -144,7 +147,7 @@ class Reducer(ReducerSupport):
         self.static.reset_iteration()
         for flags in self._flags:
             flags.zero_()
-        self._everywhere = self._world if active_ranks is None else active_ranks
+        self._local_missing = []
         if self._hook is None:
             use_active = active_ranks is not None and not divide_by_initial_world_size
             self._div = active_ranks if use_active else self._world
@@ -217,6 +220,7 @@ class Reducer(ReducerSupport):
                 p.grad = self._stash[i]
             view.zero_()
             self._flags[b][slot] = 1
+            self._local_missing.append(i)
         elif grad is None:
             raise RuntimeError(f"gradient hook fired for {self._names[i]!r} without a gradient")
         elif grad.is_sparse:
@@ -289,10 +293,11 @@ class Reducer(ReducerSupport):
         missed, local_only = self._missing_counts()
         if missed and not (self._find_unused or self.static.enabled):
             raise RuntimeError(self._unused_message(missed, local_only))
-        skip = {i for i, c in missed.items() if c == self._everywhere}  # unused on every rank
+        skip = {i for i, c in missed.items() if c == self._world}  # unused on every rank
         if self.static.enabled:
             skip = self.static.end_iteration(skip)
         self._write_back(skip)
+        self.last_local_missing = self._local_missing
         self._stash.clear()
         self._incoming.clear()
         self._used_since_sync = [False] * len(self._params)

@@ -69,21 +69,28 @@ class ReducerSupport:
 
     def shadow_backward(self) -> None:
         """The collectives of one synchronised backward with zero gradients, for a rank that
-        has run out of inputs under ``join()`` while others still train."""
-        zeros = [torch.zeros_like(flat) for flat in self._flats]
+        has run out of inputs under ``join()`` while others still train. With unused-parameter
+        detection it keeps reporting the parameters it missed in its own last iteration (all,
+        if it never trained), as torch's joined reducer keeps contributing its last used-map:
+        so the others' counts, and which .grad they leave untouched, match torch's."""
+        shadow = BucketBuffers.build(self._params, self._plan, counts_in_tail=self._hook is None)
+        if self._needs_global_counts():
+            for i in self.last_local_missing:
+                b, slot = shadow.where[i]
+                shadow.flags[b][slot] = 1
         if self._hook is None:
-            works = [dist.all_reduce(z, group=self._pg, async_op=True) for z in zeros]
+            works = [dist.all_reduce(z, group=self._pg, async_op=True) for z in shadow.flats]
         else:
-            last = len(zeros) - 1
+            last = len(shadow.flats) - 1
             works = [
                 self._hook(self._hook_state, GradBucket(b, z, b == last, self._bucket_params[b]))
-                for b, z in enumerate(zeros)
+                for b, z in enumerate(shadow.flats)
             ]
         for work in works:
             work.wait()
         if self._hook is not None and self._needs_global_counts():
-            assert self._buf.flag_store is not None
-            dist.all_reduce(torch.zeros_like(self._buf.flag_store), group=self._pg)
+            assert shadow.flag_store is not None
+            dist.all_reduce(shadow.flag_store, group=self._pg)
 
     def _init_stats(self) -> None:
         # perf_counter() stamps of the last synchronised backward, for timelines and logging
