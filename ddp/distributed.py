@@ -213,8 +213,9 @@ class DistributedDataParallel(DDPApiMixin, nn.Module, Joinable):
                 divide_by_initial_world_size=self._divide_by_initial_world_size,
                 dist_autograd_context=dist_autograd_context(),
             )
-            if self.static_graph:
-                out = through_sink(self.reducer, out)
+            # The end-of-backward callback is queued from the outputs' backward (see
+            # ddp.sink), so nested backwards (reentrant checkpointing) cannot end it early.
+            out = through_sink(self.reducer, out)
         return out
 
     def _recorded(self, op: str, step: int) -> contextlib.AbstractContextManager:

@@ -10,7 +10,7 @@ arrives, is the same every iteration. That buys two things:
   arrivals in the first iteration tells later iterations when a gradient is complete.
 
 The first iteration therefore reduces nothing during backward: it only counts, and every bucket
-is reduced at the end (torch calls this "delay all-reduce"). Its end-of-backward callback is
+is reduced at the end (torch calls this "delay all-reduce"). The end-of-backward callback is
 queued by ``ddp.sink`` from the outputs' backward, i.e. on the outermost graph task; a hook
 inside a checkpoint's inner backward would queue it on an inner task that ends too early.
 """
