@@ -27,7 +27,7 @@ from ddp.ddp_api import DDPApiMixin, dist_autograd_context, reached_params
 from ddp.join import agree_on_forward, sync_buffers_from
 from ddp.reducer import Reducer
 from ddp.reducer_support import Recorder
-from ddp.sink import through_sink
+from ddp.sink import hook_outputs
 from ddp.torch_args import check_cpu_args, refuse_unsupported
 
 __all__ = ["DistributedDataParallel"]
@@ -161,7 +161,7 @@ class DistributedDataParallel(DDPApiMixin, nn.Module, Joinable):
         """The reducer and its hooks: at construction, and again after unpickling."""
         named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
-        plan = plan_buckets(params, int(self.bucket_cap_mb * (1 << 20)))
+        plan = plan_buckets(params, int(self.bucket_cap_mb * (1 << 20)), close_at_cap=True)
         self._param_index = {p: i for i, p in enumerate(params)}
         self.reducer = Reducer(
             params,
@@ -213,9 +213,9 @@ class DistributedDataParallel(DDPApiMixin, nn.Module, Joinable):
                 divide_by_initial_world_size=self._divide_by_initial_world_size,
                 dist_autograd_context=dist_autograd_context(),
             )
-            # The end-of-backward callback is queued from the outputs' backward (see
+            # The end-of-backward callback is queued from the outputs' gradient (see
             # ddp.sink), so nested backwards (reentrant checkpointing) cannot end it early.
-            out = through_sink(self.reducer, out)
+            hook_outputs(out, self.reducer.output_hook)
         return out
 
     def _recorded(self, op: str, step: int) -> contextlib.AbstractContextManager:

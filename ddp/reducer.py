@@ -1,22 +1,19 @@
 """The reducer: turns per-parameter "gradient ready" events into bucketed allreduces.
 
-Life of one synchronised iteration:
-
 1. ``prepare_for_backward`` (end of forward) resets the per-iteration state and marks the
    parameters known to be unused (``find_unused_parameters``' graph walk, or the set a static
    graph fixed in its first iteration) as ready with a zero contribution.
-2. Backward fires a hook per parameter, registered on its gradient accumulator (the autograd
-   node torch's reducer hooks too: it also fires under ``torch.distributed.autograd``, where
-   gradients go to a context instead of ``.grad``). The hook copies the gradient into its slot of
-   the bucket's flat buffer (or finds it already there with ``gradient_as_bucket_view``). When a
-   bucket's last slot fills, and every earlier bucket has been launched, its allreduce (or the
-   registered communication hook) starts asynchronously while backward carries on.
+2. Backward fires a hook per parameter, on its gradient accumulator (the node torch's reducer
+   hooks too: it also fires under ``torch.distributed.autograd``, where gradients go to a
+   context, not ``.grad``). The hook copies the gradient into its slot of the bucket's flat
+   buffer; when a bucket is full, and every earlier one launched, its allreduce (or the comm
+   hook) starts asynchronously while backward carries on.
 3. A callback queued on the autograd engine runs when backward finishes: it launches what is
-   left, waits for every bucket, checks which parameters got no gradient anywhere, and writes the
-   averaged gradients back.
+   left, waits for every bucket, checks which parameters got no gradient anywhere, and writes
+   the averaged gradients back.
 
-How ranks learn who missed a parameter without an extra collective, and what changes when a hook
-is registered: see ``ddp.bucket_buffers``. Static graphs: see ``ddp.static_graph``.
+Who missed a parameter, without an extra collective, and the layout with a hook:
+``ddp.bucket_buffers``. Static graphs: ``ddp.static_graph``.
 """
 
 from __future__ import annotations
@@ -79,6 +76,11 @@ class Reducer(ReducerSupport):
         self._local_missing: list[int] = []
         self.last_local_missing: list[int] = list(range(len(self._params)))
         self._bucket_params = [[self._params[i] for i in spec.indices] for spec in self._plan]
+        # One rank, no hook: each gradient already is the mean, so nothing is copied in, sent
+        # or copied back (the buckets still carry the missing-gradient flags for the checks).
+        # With gradient_as_bucket_view the gradients live in the buckets anyway.
+        self._local_only = self._world == 1 and not self._as_view
+        self.output_hook = self._on_output_grad  # one bound method, not one per forward
         self._set_buffers(BucketBuffers.build(self._params, self._plan, counts_in_tail=True))
         if self._as_view:
             self._buf.adopt_grads(self._params)
@@ -88,8 +90,7 @@ class Reducer(ReducerSupport):
         self._expect_backward = False
         self._used_since_sync = [False] * len(self._params)
         self._stash: dict[int, torch.Tensor] = {}
-        # The accumulators must be kept alive: a parameter only holds its accumulator weakly,
-        # and a fresh one (without our hook) would replace it once this one is collected.
+        # Kept alive: a parameter holds its accumulator weakly; a new one would lack our hook.
         self._accumulators = [p.view_as(p).grad_fn.next_functions[0][0] for p in self._params]
         self._handles = [
             acc.register_hook(functools.partial(self._on_grad, i))
@@ -100,15 +101,6 @@ class Reducer(ReducerSupport):
         self._buf = buf
         self._flats, self._views, self._where = buf.flats, buf.views, buf.where
         self._flags = buf.flags
-
-    @property
-    def has_comm_hook(self) -> bool:
-        return self._hook is not None
-
-    def remove_hooks(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
 
     # ---- per iteration -------------------------------------------------------------------------
 
@@ -167,11 +159,9 @@ class Reducer(ReducerSupport):
                 # now, or the other ranks would wait for this rank's buckets forever.
                 self._finalize()
 
-    def queue_finalize(self) -> None:
-        """Queue the end-of-backward callback on the graph task running now. The static-graph
-        sink calls this from the outputs' backward, i.e. from the outermost graph task: a hook
-        firing inside a reentrant (checkpointed) inner backward would queue it on that inner
-        task, which finishes before backward does."""
+    def _on_output_grad(self, _grad: torch.Tensor) -> None:
+        # Registered on the forward's outputs (ddp.sink): runs in the outermost graph task, so
+        # the callback ends the whole backward, not a checkpoint's inner one.
         if not self._callback_queued and self._expect_backward:
             Variable._execution_engine.queue_callback(self._finalize)
             self._callback_queued = True
@@ -228,6 +218,8 @@ class Reducer(ReducerSupport):
                 f"parameter {self._names[i]!r} has a sparse gradient, which this wrapper does "
                 "not reduce; use dense gradients (e.g. nn.Embedding(..., sparse=False))"
             )
+        elif self._local_only:
+            pass
         elif self._as_view and is_view_of(grad, view):
             # gradient_as_bucket_view: autograd accumulated straight into the bucket.
             # Pre-divide so the SUM-allreduce yields the mean (gloo has no AVG).
@@ -249,6 +241,10 @@ class Reducer(ReducerSupport):
         # still waits, because gloo pairs collectives by issue order across ranks.
         while self._next_launch < len(self._plan) and self._bucket_ready[self._next_launch]:
             b = self._next_launch
+            if self._local_only:
+                self._launch_t[b] = self._done_t[b] = time.perf_counter()
+                self._next_launch += 1
+                continue
             flat = self._flats[b]
             seq = None
             op = "allreduce" if self._hook is None else "comm_hook"

@@ -63,6 +63,16 @@ class ReducerSupport:
                         p.grad = view
         self._hook, self._hook_state = hook, state
         self._div = 1
+        self._local_only = False  # the hook runs at any world size
+
+    @property
+    def has_comm_hook(self) -> bool:
+        return self._hook is not None
+
+    def remove_hooks(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
 
     def _needs_global_counts(self) -> bool:
         return self._find_unused or self.static.first_iteration
@@ -149,7 +159,9 @@ class ReducerSupport:
     def _wait_all(self) -> None:
         t0 = time.perf_counter()
         for b, work in enumerate(self._works):
-            assert work is not None
+            if work is None:
+                assert self._local_only, "every bucket launched a collective"
+                continue
             value = work.wait()
             if self._hook is not None:
                 flat = self._flats[b]
@@ -189,6 +201,8 @@ class ReducerSupport:
 
     @torch.no_grad()
     def _write_back(self, skip: set[int]) -> None:
+        if self._local_only:  # the gradients never left .grad (or the context)
+            return
         if self._dist_ctx is not None:
             self._write_back_dist_autograd(skip)
             return
