@@ -218,20 +218,17 @@ CASES.update({f"named_{n}": _named(n) for n in COMM_HOOKS})
 
 
 def _powersgd_many_buckets(rank: int, world: int) -> None:
-    """Several buckets: PowerSGD's collectives chained from callbacks must not interleave with
-    the next bucket's differently on different ranks (gloo would pair mismatched ones and
-    abort). Not compared with torch: torch closes a bucket once it reaches the cap, this plan
-    before it would exceed it, and PowerSGD's random start depends on the bucket layout."""
-    ours = DistributedDataParallel(seeded(Deep), bucket_cap_mb=0.002)
+    """Several buckets: the same layout as torch's rebuilt buckets (torch's close-at-cap rule,
+    gradient-ready order), hence PowerSGD's per-bucket state and random start agree, and the
+    named hook keeps PowerSGD's chained collectives from interleaving with the next bucket's
+    differently on different ranks (gloo would pair mismatched ones and abort)."""
+    ours, theirs = _pair(Deep, bucket_cap_mb=0.002)
     assert ours.num_buckets > 2
     register_named_hook(ours, "powersgd")
-    opt = torch.optim.SGD(ours.parameters(), lr=0.1)
-    for x, y in batches(rank, STEPS):
-        train_step(ours, opt, x, y)
-    for p in ours.parameters():
-        q = p.detach().clone()
-        dist.broadcast(q, 0)
-        torch.testing.assert_close(p, q, atol=0, rtol=0)
+    register_named_hook(theirs, "powersgd")
+    _train_and_compare(ours, theirs, rank)
+    key = "rebuilt_bucket_sizes"
+    assert ours._get_ddp_logging_data()["bucket_sizes"] == theirs._get_ddp_logging_data()[key]
 
 
 CASES["named_powersgd_many_buckets"] = _powersgd_many_buckets
