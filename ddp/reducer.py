@@ -59,6 +59,8 @@ class Reducer(ReducerSupport):
         self._names = list(names)
         self._plan = list(plan)
         self._pg = process_group
+        # The group's own allreduce skips dist.all_reduce's Python checks (once per bucket).
+        self._pg_obj = process_group if process_group is not None else dist.group.WORLD
         self._world = dist.get_world_size(process_group)
         self._overlap = overlap
         self._as_view = gradient_as_bucket_view
@@ -69,8 +71,8 @@ class Reducer(ReducerSupport):
         self._hook_state: object = None
         self.static = StaticGraph(len(self._params))
         self._div = self._world  # what each gradient is pre-divided by (join may lower it)
-        self._dist_ctx: int | None = None  # torch.distributed.autograd context of this backward
-        self._incoming: dict[int, torch.Tensor] = {}
+        self._dist_ctx: int | None = None  # torch.distributed.autograd context, if any
+        self._incoming: dict[int, torch.Tensor] = {}  # its gradients, as the hooks saw them
         # Parameters this rank had no gradient for in the iteration running / last finished:
         # what a joined rank keeps contributing, as torch's reducer keeps its last used-map.
         self._local_missing: list[int] = []
@@ -84,7 +86,6 @@ class Reducer(ReducerSupport):
         self._set_buffers(BucketBuffers.build(self._params, self._plan, counts_in_tail=True))
         if self._as_view:
             self._buf.adopt_grads(self._params)
-
         self._reset_iteration()
         self._init_stats()
         self._expect_backward = False
@@ -171,8 +172,7 @@ class Reducer(ReducerSupport):
             # Inside no_sync(): gradients accumulate in .grad; remember who took part.
             self._used_since_sync[i] = True
             return
-        if not self._callback_queued:
-            # Must be queued from inside backward; it runs once the whole graph is done.
+        if not self._callback_queued:  # the outputs' hook did not run (ddp.sink): queue here
             Variable._execution_engine.queue_callback(self._finalize)
             self._callback_queued = True
         if self._dist_ctx is not None:  # the context, not .grad, holds the gradient
@@ -254,7 +254,7 @@ class Reducer(ReducerSupport):
                 )
             self._launch_t[b] = time.perf_counter()
             if self._hook is None:
-                work = dist.all_reduce(flat, group=self._pg, async_op=True)
+                work = self._pg_obj.allreduce([flat])
                 fut = work.get_future() if self.recorder is not None else None
             else:
                 last = b == len(self._plan) - 1
