@@ -255,17 +255,17 @@ class Reducer(ReducerSupport):
             self._launch_t[b] = time.perf_counter()
             if self._hook is None:
                 work = self._pg_obj.allreduce([flat])
-                fut = work.get_future() if self.recorder is not None else None
             else:
                 last = b == len(self._plan) - 1
-                work = fut = self._hook(
+                work = self._hook(
                     self._hook_state, GradBucket(b, flat, last, self._bucket_params[b])
                 )
-            if fut is not None:
+            if self.recorder is not None:
                 # Runs on gloo's thread when the collective really finishes (not when we get
                 # around to waiting), so the timeline shows how much of it hid behind
                 # backward. It needs the GIL on that thread, which can delay the next bucket
-                # by a little, so only instrumented runs and hooks pay for it.
+                # by a little, so only instrumented runs pay for it.
+                fut = work.get_future() if self._hook is None else work
                 fut.add_done_callback(functools.partial(self._on_done, b, seq))
             self._works[b] = work
             self._next_launch += 1

@@ -128,8 +128,7 @@ class ReducerSupport:
     def last_timeline(self) -> dict[str, object]:
         """perf_counter() stamps of the last synchronised backward: when it ended, and each
         bucket's (launch, completion) in launch order. Completion is when the allreduce really
-        finished if a flight recorder (or a comm hook) is attached, else when ``wait()``
-        returned."""
+        finished if a flight recorder is attached, else when ``wait()`` returned."""
         return {
             "backward_end": self._backward_end_t,
             "buckets": list(zip(self._launch_t, self._done_t, strict=True)),
