@@ -205,8 +205,9 @@ class DistributedDataParallel(DDPApiMixin, nn.Module, Joinable):
                 unused = [i for p, i in self._param_index.items() if p not in reached]
             active = None
             if work is not None:
-                work.wait()
-                active = round(work.result()[0].item())
+                # Join's notify: an allreduce of 1 per rank still training (Work.result() is
+                # deprecated; the future carries the same tensor).
+                active = round(work.get_future().wait()[0].item())
             self.reducer.prepare_for_backward(
                 unused,
                 active_ranks=active,
