@@ -44,6 +44,8 @@ def plan_buckets(
     params: Sequence[torch.Tensor],
     cap_bytes: int,
     first_cap_bytes: int | None = FIRST_BUCKET_CAP_BYTES,
+    *,
+    close_at_cap: bool = False,
 ) -> list[BucketSpec]:
     """Group ``params`` into buckets of at most ``cap_bytes``, in launch order.
 
@@ -53,6 +55,12 @@ def plan_buckets(
     it over the cap; a single parameter larger than the cap gets a bucket of its own.
     ``cap_bytes == 0`` gives one bucket per parameter tensor (the naive baseline).
     The first bucket of each (dtype, device) uses ``min(cap_bytes, first_cap_bytes)``.
+
+    ``close_at_cap``: torch's reducer rule instead. A parameter always joins the open bucket,
+    which closes once it reaches the cap, so buckets may exceed it by their last parameter.
+    What it changes in practice is the first bucket: with an MLP whose last weight is exactly
+    the 1 MB first cap, the default rule leaves the bias alone in it (an allreduce that hides
+    nothing), while torch's carries the whole last layer and overlaps the rest of backward.
 
     Buckets are returned in the order of their first parameter in that reverse walk, which is the
     order in which they will fill during backward, and the order every rank must launch them in.
@@ -78,12 +86,14 @@ def plan_buckets(
         cap = cap_bytes
         if first_cap_bytes is not None and closed_count.get(key, 0) == 0:
             cap = min(cap, first_cap_bytes)
-        if key in open_ and open_bytes[key] + size > cap:
+        if not close_at_cap and key in open_ and open_bytes[key] + size > cap:
             close(key)
         if key not in open_:
             open_[key], open_bytes[key], first_pos[key] = [], 0, pos
         open_[key].append(i)
         open_bytes[key] += size
+        if close_at_cap and open_bytes[key] >= cap:
+            close(key)
     for key in list(open_):
         close(key)
 

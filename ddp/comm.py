@@ -36,14 +36,15 @@ def broadcast_coalesced(
     tensors: Sequence[torch.Tensor],
     process_group: dist.ProcessGroup | None = None,
     cap_bytes: int = _BROADCAST_CHUNK_BYTES,
+    src: int = 0,
 ) -> int:
-    """Overwrite ``tensors`` on every rank with group rank 0's values, one broadcast per
+    """Overwrite ``tensors`` on every rank with group rank ``src``'s values, one broadcast per
     dtype/device chunk. Returns the number of broadcasts issued (same on every rank)."""
-    is_src = dist.get_rank(process_group) == 0
+    is_src = dist.get_rank(process_group) == src
     calls = 0
     for chunk in _chunks(tensors, cap_bytes):
         flat = torch.cat([t.detach().reshape(-1) for t in chunk])
-        dist.broadcast(flat, group_src=0, group=process_group)
+        dist.broadcast(flat, group_src=src, group=process_group)
         calls += 1
         if not is_src:
             for t, piece in zip(chunk, flat.split([t.numel() for t in chunk]), strict=True):

@@ -1,63 +1,45 @@
 """The reducer: turns per-parameter "gradient ready" events into bucketed allreduces.
 
-Life of one synchronised iteration:
+1. ``prepare_for_backward`` (end of forward) resets the per-iteration state and marks the
+   parameters known to be unused (``find_unused_parameters``' graph walk, or the set a static
+   graph fixed in its first iteration) as ready with a zero contribution.
+2. Backward fires a hook per parameter, on its gradient accumulator (the node torch's reducer
+   hooks too: it also fires under ``torch.distributed.autograd``, where gradients go to a
+   context, not ``.grad``). The hook copies the gradient into its slot of the bucket's flat
+   buffer; when a bucket is full, and every earlier one launched, its allreduce (or the comm
+   hook) starts asynchronously while backward carries on.
+3. A callback queued on the autograd engine runs when backward finishes: it launches what is
+   left, waits for every bucket, checks which parameters got no gradient anywhere, and writes
+   the averaged gradients back.
 
-1. ``prepare_for_backward`` (end of forward) resets the per-iteration state and, with
-   ``find_unused_parameters``, marks the parameters the forward never reached as ready with a zero
-   contribution.
-2. Backward fires a post-accumulate-grad hook per parameter. The hook copies the gradient into
-   its slot of the bucket's flat buffer (or, with ``gradient_as_bucket_view``, finds it already
-   there). When a bucket's last slot fills, and every earlier bucket has been launched, its
-   allreduce starts asynchronously (``overlap=True``) while backward carries on.
-3. A callback queued on the autograd engine runs when backward finishes (still inside
-   ``loss.backward()``): it launches what is left, waits for every bucket, checks which
-   parameters got no gradient anywhere, and writes the averaged gradients back into ``.grad``.
-
-Each flat buffer carries one extra element per parameter after the gradients: 1 where this rank
-had no gradient for it. The allreduce sums those for free, so every rank learns, with no extra
-collective, how many ranks missed each parameter. That count drives both the "unused on every
-rank: leave .grad alone" rule and the error for unused parameters without
-``find_unused_parameters=True``, which is raised on every rank together instead of hanging.
+Who missed a parameter, without an extra collective, and the layout with a hook:
+``ddp.bucket_buffers``. Static graphs: ``ddp.static_graph``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 from torch.autograd import Variable
 
+from ddp.bucket_buffers import BucketBuffers
 from ddp.buckets import BucketSpec
+from ddp.grad_bucket import GradBucket
+from ddp.reducer_support import Recorder, ReducerSupport, is_view_of
+from ddp.static_graph import StaticGraph
 
 __all__ = ["Reducer"]
 
 
-class _Recorder(Protocol):
-    def record(
-        self, op: str, *, step: int, bucket: int | None = None, nbytes: int = 0
-    ) -> contextlib.AbstractContextManager[int]: ...
-
-    def start(self, op: str, *, step: int, bucket: int | None = None, nbytes: int = 0) -> int: ...
-
-    def complete(self, seq: int) -> None: ...
-
-    def fail(self, seq: int, error: str) -> None: ...
-
-
-def _is_view_of(grad: torch.Tensor, view: torch.Tensor) -> bool:
-    return grad.data_ptr() == view.data_ptr() and grad.shape == view.shape
-
-
-class Reducer:
+class Reducer(ReducerSupport):
     """Bucketed, optionally overlapped gradient averaging for a fixed list of parameters.
 
     The bucket plan must be identical on every rank (see ``ddp.buckets.plan_buckets``): ranks
-    launch bucket allreduces strictly in plan order, which is what keeps gloo's pairing of
+    launch bucket collectives strictly in plan order, which is what keeps gloo's pairing of
     collectives consistent even when gradients become ready in a different order on each rank.
     """
 
@@ -71,75 +53,55 @@ class Reducer:
         overlap: bool,
         gradient_as_bucket_view: bool,
         find_unused_parameters: bool,
-        recorder: _Recorder | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self._params = list(params)
         self._names = list(names)
         self._plan = list(plan)
         self._pg = process_group
+        # The group's own allreduce skips dist.all_reduce's Python checks (once per bucket).
+        self._pg_obj = process_group if process_group is not None else dist.group.WORLD
         self._world = dist.get_world_size(process_group)
         self._overlap = overlap
         self._as_view = gradient_as_bucket_view
         self._find_unused = find_unused_parameters
         self.recorder = recorder
         self.step = -1  # label for the flight recorder; the training loop sets it
-
-        n = len(self._params)
-        self._where: list[tuple[int, int]] = [(-1, -1)] * n  # param -> (bucket, slot)
-        self._views: list[torch.Tensor] = [torch.empty(0)] * n
-        self._flats: list[torch.Tensor] = []
-        self._flags: list[torch.Tensor] = []  # per bucket: one "no gradient here" count per slot
-        for b, spec in enumerate(self._plan):
-            flat = torch.zeros(spec.numel + len(spec.indices), dtype=spec.dtype, device=spec.device)
-            offset = 0
-            for slot, i in enumerate(spec.indices):
-                p = self._params[i]
-                self._where[i] = (b, slot)
-                self._views[i] = flat[offset : offset + p.numel()].view_as(p)
-                offset += p.numel()
-            self._flats.append(flat)
-            self._flags.append(flat[spec.numel :])
-        assert all(b >= 0 for b, _ in self._where), "every parameter must be in one bucket"
-
+        self._hook: Callable | None = None
+        self._hook_state: object = None
+        self.static = StaticGraph(len(self._params))
+        self._div = self._world  # what each gradient is pre-divided by (join may lower it)
+        self._dist_ctx: int | None = None  # torch.distributed.autograd context, if any
+        self._incoming: dict[int, torch.Tensor] = {}  # its gradients, as the hooks saw them
+        # Parameters this rank had no gradient for in the iteration running / last finished:
+        # what a joined rank keeps contributing, as torch's reducer keeps its last used-map.
+        self._local_missing: list[int] = []
+        self.last_local_missing: list[int] = list(range(len(self._params)))
+        self._bucket_params = [[self._params[i] for i in spec.indices] for spec in self._plan]
+        # One rank, no hook: each gradient already is the mean, so nothing is copied in, sent
+        # or copied back (the buckets still carry the missing-gradient flags for the checks).
+        # With gradient_as_bucket_view the gradients live in the buckets anyway.
+        self._local_only = self._world == 1 and not self._as_view
+        self.output_hook = self._on_output_grad  # one bound method, not one per forward
+        self._set_buffers(BucketBuffers.build(self._params, self._plan, counts_in_tail=True))
         if self._as_view:
-            with torch.no_grad():
-                for p, view in zip(self._params, self._views, strict=True):
-                    if p.grad is not None:
-                        view.copy_(p.grad)
-                        p.grad = view
-
+            self._buf.adopt_grads(self._params)
         self._reset_iteration()
-        # perf_counter() stamps of the last synchronised backward, for timelines
-        self._launch_t = [0.0] * len(self._plan)
-        self._done_t = [0.0] * len(self._plan)
-        self._backward_end_t = 0.0
+        self._init_stats()
         self._expect_backward = False
-        self._used_since_sync = [False] * n
+        self._used_since_sync = [False] * len(self._params)
         self._stash: dict[int, torch.Tensor] = {}
-        self.last_comm_wait_s = 0.0
+        # Kept alive: a parameter holds its accumulator weakly; a new one would lack our hook.
+        self._accumulators = [p.view_as(p).grad_fn.next_functions[0][0] for p in self._params]
         self._handles = [
-            p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, i))
-            for i, p in enumerate(self._params)
+            acc.register_hook(functools.partial(self._on_grad, i))
+            for i, acc in enumerate(self._accumulators)
         ]
 
-    @property
-    def num_buckets(self) -> int:
-        return len(self._plan)
-
-    @property
-    def last_timeline(self) -> dict[str, object]:
-        """perf_counter() stamps of the last synchronised backward: when it ended, and each
-        bucket's (launch, completion) in launch order. Completion is when the allreduce really
-        finished if a flight recorder is attached, else when ``wait()`` returned."""
-        return {
-            "backward_end": self._backward_end_t,
-            "buckets": list(zip(self._launch_t, self._done_t, strict=True)),
-        }
-
-    def remove_hooks(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+    def _set_buffers(self, buf: BucketBuffers) -> None:
+        self._buf = buf
+        self._flats, self._views, self._where = buf.flats, buf.views, buf.where
+        self._flags = buf.flags
 
     # ---- per iteration -------------------------------------------------------------------------
 
@@ -148,14 +110,24 @@ class Reducer:
         self._pending = [len(spec.indices) for spec in self._plan]
         self._bucket_ready = [False] * len(self._plan)
         self._next_launch = 0
-        self._works: list[dist.Work | None] = [None] * len(self._plan)
+        self._works: list[dist.Work | torch.futures.Future | None] = [None] * len(self._plan)
         self._callback_queued = False
 
-    def prepare_for_backward(self, unused: Sequence[int] = ()) -> None:
+    def prepare_for_backward(
+        self,
+        unused: Sequence[int] = (),
+        *,
+        active_ranks: int | None = None,
+        divide_by_initial_world_size: bool = True,
+        dist_autograd_context: int | None = None,
+    ) -> None:
         """Arm the reducer for the backward of the forward that just ran.
 
         ``unused``: indices of parameters this rank's forward did not reach (only with
         ``find_unused_parameters``); they are marked ready at once with a zero contribution.
+        ``active_ranks``: under ``join()``, how many ranks still have inputs (the joined ones
+        contribute zero gradients); without ``divide_by_initial_world_size`` it is the divisor.
+        ``dist_autograd_context``: the distributed-autograd context the backward will run in.
         """
         if self._expect_backward:
             raise RuntimeError(
@@ -165,51 +137,80 @@ class Reducer:
                 "no_sync()."
             )
         self._reset_iteration()
+        self.static.reset_iteration()
         for flags in self._flags:
             flags.zero_()
+        self._local_missing = []
+        if self._hook is None:
+            use_active = active_ranks is not None and not divide_by_initial_world_size
+            self._div = active_ranks if use_active else self._world
+        self._dist_ctx = dist_autograd_context
         self._expect_backward = True
+        self._stats_backward_start()
+        if self.static.enabled and not self.static.first_iteration:
+            unused = self.static.unused
         with torch.no_grad():  # forward runs with grad mode on; the hooks below do not need it
             for i in unused:
                 # A parameter that took part in an earlier no_sync micro-step holds an
                 # accumulated gradient that must be reduced though this last forward skipped it.
-                self._mark_ready(i, missing=not self._used_since_sync[i])
+                self._mark_ready(i, self._params[i].grad, missing=not self._used_since_sync[i])
             if all(self._ready):
                 # No parameter is left for backward to reach (none at all, or this rank's
                 # forward used none), so no hook will fire to queue the final callback: reduce
                 # now, or the other ranks would wait for this rank's buckets forever.
                 self._finalize()
 
-    def _on_grad(self, i: int, param: torch.Tensor) -> None:
+    def _on_output_grad(self, _grad: torch.Tensor) -> None:
+        # Registered on the forward's outputs (ddp.sink): runs in the outermost graph task, so
+        # the callback ends the whole backward, not a checkpoint's inner one.
+        if not self._callback_queued and self._expect_backward:
+            Variable._execution_engine.queue_callback(self._finalize)
+            self._callback_queued = True
+
+    def _on_grad(self, i: int, _grad_inputs: object, grad_outputs: Sequence[torch.Tensor]) -> None:
         if not self._expect_backward:
             # Inside no_sync(): gradients accumulate in .grad; remember who took part.
             self._used_since_sync[i] = True
             return
-        if not self._callback_queued:
-            # Must be queued from inside backward; it runs once the whole graph is done.
+        if not self._callback_queued:  # the outputs' hook did not run (ddp.sink): queue here
             Variable._execution_engine.queue_callback(self._finalize)
             self._callback_queued = True
+        if self._dist_ctx is not None:  # the context, not .grad, holds the gradient
+            prev = self._incoming.get(i)
+            grad_in = grad_outputs[0]
+            self._incoming[i] = grad_in if prev is None else prev + grad_in
+        if self.static.enabled and not self.static.arrived(i, self._names[i]):
+            return  # more arrivals of this gradient to come (or all of them, first iteration)
         if self._ready[i]:
             raise RuntimeError(
                 f"parameter {self._names[i]!r} received a gradient twice in one synchronised "
-                "backward (reentrant backward, or a backward through a graph that find_unused_"
-                "parameters marked unused). Run one backward per forward."
+                "backward (reentrant backward, e.g. reentrant activation checkpointing, or a "
+                "backward through a graph that find_unused_parameters marked unused). Run one "
+                "backward per forward, or construct with static_graph=True if the graph is the "
+                "same every iteration."
             )
-        self._mark_ready(i, missing=False)
+        grad = self._params[i].grad if self._dist_ctx is None else self._incoming[i]
+        if torch.is_grad_enabled():  # backward(create_graph=True) runs hooks in grad mode
+            with torch.no_grad():
+                self._mark_ready(i, grad, missing=False)
+        else:
+            self._mark_ready(i, grad, missing=False)
 
-    def _mark_ready(self, i: int, *, missing: bool) -> None:
+    def _mark_ready(self, i: int, grad: torch.Tensor | None, *, missing: bool) -> None:
         # Called from backward hooks (grad mode is off there) or under no_grad: no decorator,
         # its per-call cost is paid once per parameter per step.
-        p, view = self._params[i], self._views[i]
+        view = self._views[i]
         b, slot = self._where[i]
-        grad = p.grad
         if missing:
-            if grad is not None and self._as_view and _is_view_of(grad, view):
+            p = self._params[i]
+            if grad is not None and self._as_view and is_view_of(grad, view):
                 # The slot is about to be overwritten; keep this rank's .grad intact in case
                 # no rank used the parameter (then .grad must come back untouched).
                 self._stash[i] = grad.clone()
                 p.grad = self._stash[i]
             view.zero_()
             self._flags[b][slot] = 1
+            self._local_missing.append(i)
         elif grad is None:
             raise RuntimeError(f"gradient hook fired for {self._names[i]!r} without a gradient")
         elif grad.is_sparse:
@@ -217,20 +218,22 @@ class Reducer:
                 f"parameter {self._names[i]!r} has a sparse gradient, which this wrapper does "
                 "not reduce; use dense gradients (e.g. nn.Embedding(..., sparse=False))"
             )
-        elif self._as_view and _is_view_of(grad, view):
+        elif self._local_only:
+            pass
+        elif self._as_view and is_view_of(grad, view):
             # gradient_as_bucket_view: autograd accumulated straight into the bucket.
             # Pre-divide so the SUM-allreduce yields the mean (gloo has no AVG).
-            if self._world > 1:
-                view.div_(self._world)
+            if self._div != 1:
+                view.div_(self._div)
         else:
-            torch.div(grad, self._world, out=view)
-            if self._as_view:
-                p.grad = view
+            torch.div(grad, self._div, out=view)
+            if self._as_view and self._dist_ctx is None:
+                self._params[i].grad = view
         self._ready[i] = True
         self._pending[b] -= 1
         if self._pending[b] == 0:
             self._bucket_ready[b] = True
-            if self._overlap:
+            if self._overlap and not self.static.first_iteration:
                 self._launch_in_order()
 
     def _launch_in_order(self) -> None:
@@ -238,102 +241,59 @@ class Reducer:
         # still waits, because gloo pairs collectives by issue order across ranks.
         while self._next_launch < len(self._plan) and self._bucket_ready[self._next_launch]:
             b = self._next_launch
+            if self._local_only:
+                self._launch_t[b] = self._done_t[b] = time.perf_counter()
+                self._next_launch += 1
+                continue
             flat = self._flats[b]
             seq = None
+            op = "allreduce" if self._hook is None else "comm_hook"
             if self.recorder is not None:
                 seq = self.recorder.start(
-                    "allreduce", step=self.step, bucket=b, nbytes=flat.numel() * flat.element_size()
+                    op, step=self.step, bucket=b, nbytes=flat.numel() * flat.element_size()
                 )
             self._launch_t[b] = time.perf_counter()
-            work = dist.all_reduce(flat, group=self._pg, async_op=True)
+            if self._hook is None:
+                work = self._pg_obj.allreduce([flat])
+            else:
+                last = b == len(self._plan) - 1
+                work = self._hook(
+                    self._hook_state, GradBucket(b, flat, last, self._bucket_params[b])
+                )
             if self.recorder is not None:
-                # Runs on gloo's thread when the allreduce really finishes (not when we get
+                # Runs on gloo's thread when the collective really finishes (not when we get
                 # around to waiting), so the timeline shows how much of it hid behind
                 # backward. It needs the GIL on that thread, which can delay the next bucket
                 # by a little, so only instrumented runs pay for it.
-                work.get_future().add_done_callback(functools.partial(self._on_done, b, seq))
+                fut = work.get_future() if self._hook is None else work
+                fut.add_done_callback(functools.partial(self._on_done, b, seq))
             self._works[b] = work
             self._next_launch += 1
-
-    def _on_done(self, b: int, seq: int | None, fut: torch.futures.Future) -> None:
-        self._done_t[b] = time.perf_counter()
-        if seq is None or self.recorder is None:
-            return
-        try:
-            fut.value()
-        except Exception as e:  # the error itself surfaces to the caller through wait()
-            self.recorder.fail(seq, str(e))
-        else:
-            self.recorder.complete(seq)
 
     def _finalize(self) -> None:
         self._backward_end_t = time.perf_counter()
         self._expect_backward = False
-        if not all(self._ready):
-            with torch.no_grad():
-                for i, ready in enumerate(self._ready):
-                    if not ready:
-                        # Never reached by backward. Its slot (zero + flag, or a gradient
-                        # accumulated under no_sync) still has to travel with the bucket, or
-                        # the other ranks would wait for this bucket forever.
-                        self._mark_ready(i, missing=not self._used_since_sync[i])
+        with torch.no_grad():
+            for i, ready in enumerate(self._ready):
+                if not ready:
+                    # Never reached by backward (or, in a static graph's first iteration, held
+                    # back until now). Its slot still has to travel with the bucket, or the
+                    # other ranks would wait for this bucket forever.
+                    arrived = self.static.first_iteration and self.static.fired(i)
+                    p = self._params[i]
+                    grad = p.grad if self._dist_ctx is None else self._incoming.get(i)
+                    self._mark_ready(i, grad, missing=not (arrived or self._used_since_sync[i]))
         self._launch_in_order()
         assert self._next_launch == len(self._plan), "every bucket launched exactly once"
-
-        t0 = time.perf_counter()
-        for b, work in enumerate(self._works):
-            assert work is not None
-            work.wait()
-            if self._done_t[b] < self._launch_t[b]:  # no completion callback (yet): now
-                self._done_t[b] = time.perf_counter()
-        self.last_comm_wait_s = time.perf_counter() - t0
-        # Drop the finished works: a Work kept alive into interpreter shutdown can be
-        # destroyed from gloo's thread after Python is gone.
-        self._works = [None] * len(self._plan)
-
-        missed = self._missing_counts()
-        if missed and not self._find_unused:
-            raise RuntimeError(self._unused_message(missed))
-        self._write_back(missed)
-        self._stash.clear()
-        self._used_since_sync = [False] * len(self._params)
-
-    def _missing_counts(self) -> dict[int, int]:
-        """Parameter index -> number of ranks that had no gradient for it (only nonzero ones)."""
-        out: dict[int, int] = {}
-        for spec, flags in zip(self._plan, self._flags, strict=True):
-            if bool(flags.any()):
-                for slot, count in enumerate(flags.tolist()):
-                    if count:
-                        out[spec.indices[slot]] = round(count)
-        return out
-
-    @torch.no_grad()
-    def _write_back(self, missed: dict[int, int]) -> None:
+        self._wait_all()
+        missed, local_only = self._missing_counts()
+        if missed and not (self._find_unused or self.static.enabled):
+            raise RuntimeError(self._unused_message(missed, local_only))
         skip = {i for i, c in missed.items() if c == self._world}  # unused on every rank
-        if self._as_view:
-            for i, (p, view) in enumerate(zip(self._params, self._views, strict=True)):
-                if i not in skip:
-                    p.grad = view
-            return
-        copy_dst, copy_src = [], []
-        for i, (p, view) in enumerate(zip(self._params, self._views, strict=True)):
-            if i in skip:
-                continue
-            if p.grad is None:
-                p.grad = view.clone()
-            else:
-                copy_dst.append(p.grad)
-                copy_src.append(view)
-        if copy_dst:
-            torch._foreach_copy_(copy_dst, copy_src)
-
-    def _unused_message(self, missed: dict[int, int]) -> str:
-        names = [f"{self._names[i]} (on {c} of {self._world} ranks)" for i, c in missed.items()]
-        return (
-            "these parameters received no gradient in this backward, so their allreduce would "
-            f"have been incomplete: {', '.join(names)}. If some parameters are legitimately "
-            "unused in some forward passes, construct DistributedDataParallel with "
-            "find_unused_parameters=True; otherwise make sure the loss depends on every "
-            "parameter that requires grad (or set requires_grad=False on it)."
-        )
+        if self.static.enabled:
+            skip = self.static.end_iteration(skip)
+        self._write_back(skip)
+        self.last_local_missing = self._local_missing
+        self._stash.clear()
+        self._incoming.clear()
+        self._used_since_sync = [False] * len(self._params)

@@ -1,0 +1,76 @@
+"""torch's DistributedDataParallel constructor arguments this wrapper does not act on.
+
+A drop-in must accept what torch accepts, but silently ignoring an argument that changes what
+torch's DDP computes would be worse than failing. So: the ones that mean nothing on CPU
+(``device_ids``, ``output_device``, ``dim``, ``check_reduction``) are accepted (with torch's
+own checks and warnings), and every other torch argument set to a non-default value is refused
+with an error that names it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["UNSUPPORTED_DEFAULTS", "check_cpu_args", "refuse_unsupported"]
+
+# torch argument -> the default under which it does nothing (only those may be passed)
+UNSUPPORTED_DEFAULTS: dict[str, Any] = {
+    "delay_all_reduce_named_params": None,
+    "param_to_hook_all_reduce": None,
+    "mixed_precision": None,
+    "device_mesh": None,
+    "skip_all_reduce_unused_params": False,
+    "bucket_cap_mb_list": None,
+}
+
+
+def refuse_unsupported(given: dict[str, Any]) -> None:
+    """Raise for torch arguments with a non-default value, and for unknown ones."""
+    for name, value in given.items():
+        if name not in UNSUPPORTED_DEFAULTS:
+            raise TypeError(
+                f"DistributedDataParallel got an unknown argument {name}={value!r}: it is "
+                "neither one of torch.nn.parallel.DistributedDataParallel's nor one of "
+                "ddp's (overlap, flight_recorder); check the spelling"
+            )
+        if value is not UNSUPPORTED_DEFAULTS[name] and value != UNSUPPORTED_DEFAULTS[name]:
+            raise NotImplementedError(
+                f"DistributedDataParallel({name}={value!r}) is torch DDP's option, which this "
+                f"wrapper does not implement; leave {name} at its default "
+                f"({UNSUPPORTED_DEFAULTS[name]!r}) or use torch.nn.parallel.DistributedDataParallel"
+            )
+
+
+def check_cpu_args(
+    params: Sequence[torch.Tensor],
+    device_ids: Sequence[Any] | None,
+    output_device: Any,
+    check_reduction: bool,
+) -> None:
+    """torch's checks for the device arguments, which only place GPU replicas."""
+    if device_ids is not None and len(device_ids) > 1:
+        raise ValueError("device_ids can only be None or contain a single element.")
+    types = {p.device.type for p in params}
+    if len(types) > 1:
+        raise ValueError(
+            "DistributedDataParallel's input module must be on the same type of devices, but "
+            f"input module parameters locate in {types}."
+        )
+    if device_ids or output_device is not None:
+        raise ValueError(
+            "DistributedDataParallel device_ids and output_device arguments only work with "
+            "single-device/multiple-device GPU modules, and this wrapper runs CPU modules only; "
+            f"got device_ids {device_ids}, output_device {output_device}, and module parameters "
+            f"{ {p.device for p in params} }. Leave both at None."
+        )
+    if check_reduction:
+        warnings.warn(
+            "The `check_reduction` argument in `DistributedDataParallel` module is deprecated. "
+            "Please avoid using it.",
+            FutureWarning,
+            stacklevel=3,
+        )

@@ -1,0 +1,113 @@
+"""Shared by the tests of torch's DDP API on this wrapper: one spawn per test module runs a
+family of named cases on every rank (process start-up costs seconds on 2 cores) and returns a
+verdict per case, as in tests/test_ddp_multirank.py."""
+
+from __future__ import annotations
+
+import importlib
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ddp.config import Rendezvous
+
+__all__ = [
+    "Branches",
+    "Deep",
+    "assert_same_params",
+    "batches",
+    "run_cases",
+    "seeded",
+    "train_step",
+    "verdicts",
+]
+
+
+def run_cases(rdzv: Rendezvous, module: str, names: list[str]) -> dict[str, str]:
+    """On one rank: run ``module.CASES[name](rank, world)`` for each name; 'ok' or the error.
+    Names and a module path cross the process boundary: closures do not pickle."""
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=rdzv.init_method, rank=rdzv.rank, world_size=rdzv.world_size
+    )
+    cases = importlib.import_module(module).CASES
+    out = {}
+    try:
+        for name in names:
+            try:
+                cases[name](rdzv.rank, rdzv.world_size)
+                out[name] = "ok"
+            except Exception:
+                out[name] = traceback.format_exc()
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def verdicts(results: dict[int, dict[str, str]], case: str) -> None:
+    for rank, per_case in sorted(results.items()):
+        assert per_case[case] == "ok", f"rank {rank}:\n{per_case[case]}"
+
+
+class Deep(nn.Module):
+    def __init__(self, depth: int = 4, width: int = 24) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return self.head(x)
+
+
+class Branches(nn.Module):
+    """``b`` runs only on even ranks; ``never`` runs nowhere."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(24, 24)
+        self.b = nn.Linear(24, 24)
+        self.never = nn.Linear(24, 24)
+        self.head = nn.Linear(24, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        if dist.get_rank() % 2 == 0:
+            h = h + torch.relu(self.b(x))
+        return self.head(h)
+
+
+def seeded(cls, *args, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return cls(*args)
+
+
+def batches(rank: int, n: int, local: int = 6, seed: int = 1234):
+    """``n`` (x, y) batches of this rank, different per rank."""
+    g = torch.Generator().manual_seed(seed + 7919 * rank)
+    return [
+        (torch.randn(local, 24, generator=g), torch.randint(0, 4, (local,), generator=g))
+        for _ in range(n)
+    ]
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, x, y) -> None:
+    opt.zero_grad(set_to_none=True)
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def assert_same_params(ours: nn.Module, theirs: nn.Module, atol: float, what: str) -> None:
+    for (name, p), q in zip(ours.named_parameters(), theirs.parameters(), strict=True):
+        torch.testing.assert_close(
+            p, q, atol=atol, rtol=0, msg=lambda m, n=name: f"{what} {n}: {m}"
+        )
+    for (name, p), q in zip(ours.named_buffers(), theirs.buffers(), strict=True):
+        torch.testing.assert_close(
+            p, q, atol=atol, rtol=0, msg=lambda m, n=name: f"{what} {n}: {m}"
+        )
