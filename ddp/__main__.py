@@ -18,7 +18,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddp.config import Rendezvous, TrainConfig, add_train_arguments, config_from_args
+from ddp.config import Rendezvous, TrainConfig
+from ddp.flags import add_train_arguments, config_from_args
 from ddp.launch import spawn_local
 from ddp.logs import setup_logging
 from ddp.outcome import EXIT_CODES, run_guarded

@@ -22,9 +22,11 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
+from ddp import config
+
 __all__ = ["COMM_HOOKS", "gloo_bf16_compress_hook", "register_named_hook"]
 
-COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+COMM_HOOKS = config.COMM_HOOKS  # named in the torch-free config, for its --comm-hook choices
 
 
 def gloo_bf16_compress_hook(

@@ -2,41 +2,39 @@
 environment.
 
 ``TrainConfig`` is the single source of truth for what a run computes and how it reports:
-``python -m ddp``'s flags are generated from its fields (:func:`add_train_arguments`), lab and
-compose build a rank's command line with :meth:`TrainConfig.to_argv`, and both sides share one
+``python -m ddp``'s flags are generated from its fields (:mod:`ddp.flags`), lab and compose
+build a rank's command line with :meth:`TrainConfig.to_argv`, and both sides share one
 validation (``__post_init__``). Pure and torch-free, so the lab imports it cheaply.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "COMM_HOOKS",
     "GROUPS",
     "MODEL_NAMES",
     "SYNC_MODES",
     "Rendezvous",
     "TrainConfig",
-    "add_train_arguments",
-    "config_from_args",
     "flag_of",
 ]
 
 MODEL_NAMES = ("mini", "deep", "branchy")  # ddp.models.MODELS has exactly these keys
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")  # ddp.comm_hooks.COMM_HOOKS, torch-free
 # allreduce: DDP. barrier: dist.barrier() instead of allreduce (replicas drift: the demo of
 # why). none: no communication at all, the floor that "exposed communication" is measured from.
 SYNC_MODES = ("allreduce", "barrier", "none")
 # Field groups: "train" decides what is computed, "fault" how a run survives faults (timeouts,
 # checkpoints, delays to watch them), "output" where and how it reports.
 GROUPS = ("train", "fault", "output")
-_TITLES = {"train": "training", "fault": "faults and recovery", "output": "output"}
 
 
 def _opt(default: Any, help: str, group: str = "train", **meta: Any) -> Any:
@@ -60,6 +58,12 @@ class TrainConfig:
         "how gradients are synchronised: 'barrier' replaces allreduce by dist.barrier() "
         "(replicas drift: parity breaks), 'none' does not communicate (the floor)",
         choices=SYNC_MODES,
+    )
+    comm_hook: str = _opt(
+        "none",
+        "gradient compression by torch's comm hooks: fp16/bf16 halve the bytes, powersgd sends "
+        "a rank-1 approximation; the parity table then shows what compression costs",
+        choices=COMM_HOOKS,
     )
     tolerance: float = _opt(1e-5, "largest |param diff| vs the single-process reference")
     reference: bool = _opt(True, "skip the single-process reference on rank 0")
@@ -104,6 +108,13 @@ class TrainConfig:
             raise ValueError(_bad("model", self.model, f"one of {', '.join(MODEL_NAMES)}"))
         if self.sync not in SYNC_MODES:
             raise ValueError(_bad("sync", self.sync, f"one of {', '.join(SYNC_MODES)}"))
+        if self.comm_hook not in COMM_HOOKS:
+            raise ValueError(_bad("comm_hook", self.comm_hook, f"one of {', '.join(COMM_HOOKS)}"))
+        if self.comm_hook != "none" and self.sync != "allreduce":
+            raise ValueError(
+                f"--comm-hook {self.comm_hook} needs --sync allreduce (the hooks "
+                f"compress the gradient allreduce), got --sync {self.sync}"
+            )
         for name in ("steps", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(_bad(name, getattr(self, name), ">= 1"))
@@ -207,51 +218,6 @@ def flag_of(name: str) -> str:
         return f.metadata["flag"]
     dashed = name.replace("_", "-")
     return f"--no-{dashed}" if f.default is True else f"--{dashed}"
-
-
-def add_train_arguments(
-    parser: argparse.ArgumentParser,
-    groups: Iterable[str] = GROUPS,
-    *,
-    defaults: TrainConfig | None = None,
-    keep_unset: bool = False,
-) -> list[str]:
-    """Add a flag per ``TrainConfig`` field of ``groups``; returns the fields' names (the
-    parsed namespace's attributes). ``defaults`` shows other defaults (e.g. an experiment's);
-    ``keep_unset`` leaves flags that were not given out of the namespace (for overrides on top
-    of a file)."""
-    shown = defaults or TrainConfig()
-    names = []
-    sections = {g: parser.add_argument_group(_TITLES[g]) for g in groups}
-    for f in dataclasses.fields(TrainConfig):
-        if f.metadata["group"] not in sections:
-            continue
-        names.append(f.name)
-        value = getattr(shown, f.name)
-        kw: dict[str, Any] = {"dest": f.name, "help": f.metadata["help"]}
-        kw["default"] = argparse.SUPPRESS if keep_unset else value
-        if isinstance(f.default, bool):
-            kw["action"] = "store_false" if f.default else "store_true"
-        else:
-            kw["type"] = str if f.default is None else type(f.default)
-            if "choices" in f.metadata:
-                kw["choices"] = f.metadata["choices"]
-            if "metavar" in f.metadata:
-                kw["metavar"] = f.metadata["metavar"]
-            if value is not None:
-                kw["help"] += (
-                    f" (default {value:g})" if isinstance(value, float) else (f" (default {value})")
-                )
-        sections[f.metadata["group"]].add_argument(flag_of(f.name), **kw)
-    return names
-
-
-def config_from_args(
-    args: argparse.Namespace, names: Iterable[str], base: TrainConfig | None = None
-) -> TrainConfig:
-    """``base`` (default ``TrainConfig()``) with the parsed values of ``names`` applied."""
-    given = {n: getattr(args, n) for n in names if hasattr(args, n)}
-    return (base or TrainConfig()).replace(**given)
 
 
 @dataclass(frozen=True)

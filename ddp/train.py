@@ -27,6 +27,7 @@ from ddp.checkpoint import (
     rng_state,
     save_checkpoint,
 )
+from ddp.comm_hooks import register_named_hook
 from ddp.config import Rendezvous, TrainConfig
 from ddp.data import ShardSampler, make_dataset
 from ddp.diagnosis import PeerFailure, explain_failure
@@ -34,7 +35,7 @@ from ddp.distributed import DistributedDataParallel
 from ddp.flight_recorder import FlightRecorder
 from ddp.models import build_model
 from ddp.outcome import BadInput
-from ddp.parity import HEADER, ParityReport, StepRow
+from ddp.parity import HEADER, ParityReport, StepRow, compression_of
 from ddp.records import (
     ConfigRecord,
     EndRecord,
@@ -189,6 +190,8 @@ def _train(
             find_unused_parameters=cfg.model == "branchy",
             flight_recorder=recorder,
         )
+        if cfg.comm_hook != "none":
+            register_named_hook(model, cfg.comm_hook)
     else:
         model = module  # --sync barrier / none: same loop, no gradient averaging
     ddp = model if isinstance(model, DistributedDataParallel) else None
@@ -198,6 +201,7 @@ def _train(
             f"{world} ranks, model {cfg.model}, {ddp.num_buckets} buckets "
             f"(cap {cfg.bucket_cap_mb} MB), overlap {'on' if cfg.overlap else 'off'}, "
             f"global batch {cfg.batch_size}"
+            + (f", comm hook {cfg.comm_hook}" if cfg.comm_hook != "none" else "")
         )
     else:
         how = "dist.barrier() only" if cfg.sync == "barrier" else "nothing (local SGD)"
@@ -270,7 +274,10 @@ def _train(
 
     holds = torch.zeros(1, dtype=torch.int64)
     if rank == 0:
-        report = ParityReport(rows, world, cfg.tolerance, expected_steps=cfg.steps - start)
+        report = ParityReport(
+            rows, world, cfg.tolerance, expected_steps=cfg.steps - start,
+            compression=compression_of(cfg.to_dict()),
+        )  # fmt: skip
         if cfg.sync == "barrier" and not report.holds:
             log.info("dist.barrier() lines the ranks up in time but never exchanges gradients:")
             log.info("each replica followed its own shard's gradients.")

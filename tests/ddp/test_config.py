@@ -5,13 +5,8 @@ import sys
 
 import pytest
 
-from ddp.config import (
-    Rendezvous,
-    TrainConfig,
-    add_train_arguments,
-    config_from_args,
-    flag_of,
-)
+from ddp.config import Rendezvous, TrainConfig, flag_of
+from ddp.flags import add_train_arguments, config_from_args
 
 
 @pytest.mark.parametrize(
@@ -27,6 +22,8 @@ from ddp.config import (
         ({"collective_timeout_s": 0}, "--collective-timeout"),
         ({"backward_delay_ms": -1}, "--backward-delay-ms"),
         ({"checkpoint_every": 2}, "--checkpoint-dir"),
+        ({"comm_hook": "zip"}, "--comm-hook must be one of none, fp16, bf16, powersgd"),
+        ({"comm_hook": "fp16", "sync": "barrier"}, "--comm-hook fp16 needs --sync allreduce"),
         ({"steps": True}, "--steps must be an integer"),
         ({"overlap": "yes"}, "--no-overlap must be true or false"),
         ({"lr": "0.1"}, "--lr must be a finite number"),
@@ -116,6 +113,9 @@ def test_config_and_records_do_not_import_torch():
     """The lab imports the config and the log schema on the host: they must stay torch-free."""
     import subprocess
 
-    code = "import ddp, ddp.config, ddp.records, ddp.parity, sys; print('torch' in sys.modules)"
+    code = (
+        "import ddp, ddp.config, ddp.flags, ddp.records, ddp.parity, ddp.gloo_errors, sys; "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr

@@ -43,3 +43,16 @@ def test_check_logs_detects_divergence_reference_gap_and_missing_rank(tmp_path):
 def test_check_logs_without_logs_says_what_to_pass(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"rank\*\.jsonl"):
         check_logs(tmp_path)
+
+
+def test_compression_reports_the_reference_gap_but_judges_only_replicas(tmp_path):
+    _write_run(tmp_path, 2, 3, ref_diff=1e-3)
+    assert not check_logs(tmp_path).holds  # an exact run that far off breaks parity
+    from ddp.parity import ParityReport
+
+    rows = check_logs(tmp_path).rows
+    report = ParityReport(rows, 2, 1e-5, compression="fp16")
+    assert report.holds and "fp16 compression on" in report.verdict and "1.0e-03" in report.verdict
+    _write_run(tmp_path, 2, 3, diverge_at=2)
+    diverged = ParityReport(check_logs(tmp_path).rows, 2, 1e-5, compression="fp16")
+    assert not diverged.holds and "replicas diverged at step 2" in diverged.verdict

@@ -6,7 +6,8 @@ import argparse
 import dataclasses
 from typing import TYPE_CHECKING
 
-from ddp.config import TrainConfig, add_train_arguments, config_from_args, flag_of
+from ddp.config import TrainConfig, flag_of
+from ddp.flags import add_train_arguments, config_from_args
 from lab import args as common
 from lab.experiments.kill.plan import DEFAULT_TRAIN, RUN_TIMEOUT_HELP, KillPlan
 from lab.faults import FAULTS

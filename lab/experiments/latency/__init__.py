@@ -15,7 +15,8 @@ import dataclasses
 import sys
 import textwrap
 
-from ddp.config import TrainConfig, config_from_args, flag_of
+from ddp.config import TrainConfig, flag_of
+from ddp.flags import config_from_args
 from lab import args as common
 from lab.experiments.latency.console import DEFINITIONS
 from lab.experiments.latency.plan import DEFAULT_CAPS, TRAIN_DEFAULTS, LatencyPlan
