@@ -106,3 +106,23 @@ def test_shaper_arguments_are_checked():
         netem.Netem(5, rate_mbit=0)
     with pytest.raises(ValueError, match="nothing to shape"), link.shaped(_nodes([], False, []), 0):
         pass
+
+
+def test_per_node_delay_shapes_only_that_node_and_probes_from_it():
+    # One slow node (node 2, 10 ms) among three: only it gets a delayer and rules; the probe
+    # runs node2 -> node0 and must see +10 ms (its 10 plus node 0's 0).
+    log: list = []
+    recs = [_RecordingNode(f"n{i}", log, False, [0.05, 10.4] if i == 2 else []) for i in range(3)]
+    nodes = [base.Node(r.name, r, f"10.9.0.{i + 2}") for i, r in enumerate(recs)]
+    with link.shaped(nodes, 0.0, node_ms={2: 10.0}) as rep:
+        assert rep.probed == (2, 0) and rep.expected_added_ms == 10.0
+    assert "node2 10 ms, others 0 ms one-way (round trip node2-node0 +10 ms)" in rep.line()
+    assert any("lab.node.delayer" in c and "--delay-ms 10" in c for c in _commands(log, "n2"))
+    for quiet in ("n0", "n1"):
+        assert not any("delayer" in c or "iptables" in c for c in _commands(log, quiet))
+    assert any("ping --host 10.9.0.2" in c for c in _commands(log, "n2"))
+    with (
+        pytest.raises(ValueError, match=r"per-node delays for nodes \[5\]"),
+        link.shaped(nodes, 0.0, node_ms={5: 1.0}),
+    ):
+        pass

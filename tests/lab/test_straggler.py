@@ -43,7 +43,7 @@ def test_the_quota_is_the_fair_share_divided_by_the_slowdown():
         ({"slow_link_ms": float("nan")}, "--slow-link-ms must be a finite number"),
         ({"train": TRAIN_DEFAULTS.replace(steps=2)}, "--steps must exceed the 2 warm-up"),
         ({"run_timeout_s": 30.0}, "--collective-timeout 60 must be below --run-timeout 30"),
-        ({"nodes": 3}, "--batch-size 256 is not divisible by the world size 3"),
+        ({"nodes": 3}, "--batch-size 1024 is not divisible by the world size 3"),
     ],
 )
 def test_bad_plans_name_the_flag(kw, message):

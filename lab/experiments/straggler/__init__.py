@@ -58,8 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rank", type=common.number(0, kind=int), default=1,
                    help="the straggler (default 1)")  # fmt: skip
     p.add_argument(
-        "--slowdown", type=common.number(1), default=4.0, metavar="X",
-        help="CPU quota = fair share / X on the straggler's container (default 4; 1 = none)",
+        "--slowdown", type=common.number(1), metavar="X",
+        help="CPU quota = fair share / X on the straggler's container (default 4, or 1 = no "
+        "quota when --slow-link-ms is given)",
     )  # fmt: skip
     p.add_argument("--cpus", type=common.number(0, strict=True), metavar="CORES",
                    help="the straggler's CPU quota in cores, instead of --slowdown")  # fmt: skip
@@ -85,10 +86,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def plan(args: argparse.Namespace) -> StragglerPlan:
     train = config_from_args(args, [*_TRAIN_FIELDS, "collective_timeout_s"], TRAIN_DEFAULTS)
+    slowdown = args.slowdown
+    if slowdown is None:
+        slowdown = 1.0 if args.slow_link_ms else 4.0
     if args.quick:
         train = train.replace(steps=QUICK_STEPS)
     return StragglerPlan(
-        rank=args.rank, slowdown=args.slowdown, cpus=args.cpus, slow_link_ms=args.slow_link_ms,
+        rank=args.rank, slowdown=slowdown, cpus=args.cpus, slow_link_ms=args.slow_link_ms,
         shaper=args.shaper, nodes=args.nodes, warmup=args.warmup, train=train,
         run_timeout_s=args.run_timeout, image=args.image, runs_dir=args.runs_dir,
         progress=args.progress,

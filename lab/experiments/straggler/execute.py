@@ -19,7 +19,12 @@ from ddp.records import StepRecord
 from lab.engine.client import NodeFailed, RunTimeout, connect
 from lab.engine.cluster import Cluster
 from lab.engine.events import Event, RecordEvent
-from lab.experiments.straggler.plan import BASELINE_JOB, SLOWED_JOB, StragglerPlan
+from lab.experiments.straggler.plan import (
+    BASELINE_JOB,
+    CPU_PERIOD_US,
+    SLOWED_JOB,
+    StragglerPlan,
+)
 from lab.progress import Progress
 
 __all__ = ["JobRun", "StragglerResult", "run_straggler"]
@@ -91,9 +96,12 @@ def _slowed(cluster: Cluster, plan: StragglerPlan, lifetime_s: float, echo) -> I
     """The straggler's slowdown, applied for the slowed job and lifted after it."""
     with contextlib.ExitStack() as undo:
         if plan.quota is not None:
-            cluster.set_cpus(plan.node, plan.quota)
-            undo.callback(cluster.set_cpus, plan.node, None)
-            echo(f"node{plan.node}: CPU quota {plan.quota:.3g} cores")
+            cluster.set_cpus(plan.node, plan.quota, CPU_PERIOD_US)
+            undo.callback(cluster.set_cpus, plan.node, None, CPU_PERIOD_US)
+            echo(
+                f"node{plan.node}: CPU quota {plan.quota:.3g} cores "
+                f"({plan.quota * CPU_PERIOD_US / 1e3:.2f} ms per {CPU_PERIOD_US / 1e3:g} ms)"
+            )
         if plan.slow_link_ms:
             from lab.experiments.straggler.link import slow_link
 
