@@ -141,4 +141,8 @@ def test_every_file_of_the_report(tmp_path, capsys):
         e["name"] for e in trace["traceEvents"]
     }
     assert (run_dir / "gantt.png").read_bytes()[:8] == PNG
-    assert outputs.format_table(outputs.write_outputs(result).summary).count("\n") == 5
+    summary = outputs.write_outputs(result).summary
+    assert outputs.format_table(summary).count("\n") == 5
+    assert outputs.headline_line(summary, 1, cpu=False).startswith(
+        "straggler rank 1: its link slower, every rank's step 3.9x"
+    )

@@ -40,6 +40,7 @@ EPILOG = "\n".join(
         "The closing line is",
         "  straggler rank R: its compute X.Xx slower, every rank's step Y.Yx (A -> B ms); the",
         "  others wait W ms per step in allreduce",
+        "('its link slower' instead of the compute figure when only --slow-link-ms is given).",
         "--slowdown X gives the straggler X times less CPU than its fair share (host cores /",
         "nodes; 0.5 core for 4 nodes on 2 cores): a quota above the share slows nothing. The",
         "measured compute slowdown is printed beside it (a loaded host gives less than asked).",
@@ -121,5 +122,5 @@ def report(result) -> int:
     broken = [n for n, j in result.jobs.items() if not j.parity]
     if broken:
         print(f"parity BROKEN in: {', '.join(broken)}")
-    print(headline_line(out.summary, result.plan.rank))
+    print(headline_line(out.summary, result.plan.rank, cpu=result.plan.quota is not None))
     return 1 if broken else 0

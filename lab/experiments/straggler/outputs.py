@@ -47,10 +47,13 @@ def format_table(s: Summary) -> str:
     return "\n".join(lines)
 
 
-def headline_line(s: Summary, straggler: int) -> str:
+def headline_line(s: Summary, straggler: int, cpu: bool = True) -> str:
+    """The closing line. ``cpu``: the straggler was slowed by a CPU quota (its compute is what
+    changed); else only by its link (what changed is everyone's waiting)."""
+    what = f"its compute {s.straggler_compute_x:.1f}x slower" if cpu else "its link slower"
     return (
-        f"straggler rank {straggler}: its compute {s.straggler_compute_x:.1f}x slower, every "
-        f"rank's step {s.job_x:.1f}x ({s.baseline_job_step_ms:.1f} -> {s.job_step_ms:.1f} ms); "
+        f"straggler rank {straggler}: {what}, every rank's step {s.job_x:.1f}x "
+        f"({s.baseline_job_step_ms:.1f} -> {s.job_step_ms:.1f} ms); "
         f"the others wait {s.others_waiting_ms:.1f} ms per step in allreduce"
     )
 
