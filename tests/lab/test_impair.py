@@ -91,3 +91,41 @@ def test_the_delayer_drops_the_asked_share():
     assert len(d._held) == 5000 - d.dropped
     with pytest.raises(ValueError, match="loss must be in"):
         Delayer(0, 1.0, loss_pct=100)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["latency", "--loss-pct", "70"], "--loss-pct must be a percentage in [0, 50)"),
+        (["latency", "--jitter-ms", "-1"], "--jitter-ms: expected a finite number >= 0"),
+        (["latency", "--jitter-distribution", "pareto"], "invalid choice: 'pareto'"),
+        (["latency", "--node-ms", "2"], "--node-ms: expected NODE:MS"),
+        (["latency", "--node-ms", "9:1"], "--node-ms names nodes [9]"),
+        (["latency", "--node-ms", "1:1", "--node-ms", "1:2"], "--node-ms names nodes [1, 1]"),
+        (["straggler", "--loss-pct", "1"], "give --slow-link-ms too"),
+    ],
+)
+def test_the_commands_refuse_bad_impairments_with_exit_2(argv, message, capsys):
+    from lab.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and f"usage: python -m lab {argv[0]}" in err
+
+
+def test_the_commands_plan_the_impairments():
+    from lab.cli import build_parser
+    from lab.experiments import latency, straggler
+
+    _, subs = build_parser()
+    flags = "--jitter-ms 1 --jitter-distribution normal --loss-pct 2 --node-ms 2:20"
+    args = subs["latency"].parse_args(flags.split())
+    p = latency.plan(args)
+    assert p.impair == Impairments(1.0, "normal", 2.0, seed=0) and p.node_ms == ((2, 20.0),)
+    s = straggler.plan(subs["straggler"].parse_args(["--slow-link-ms", "10", "--jitter-ms", "1"]))
+    assert s.quota is None and s.impair.jitter_ms == 1.0  # a slow link alone: no CPU quota
+    assert "10 ms extra one-way delay on its link (every link: jitter 1 ms uniform)" in (
+        s.describe()
+    )

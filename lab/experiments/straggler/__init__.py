@@ -73,6 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--shaper", choices=CHOICES, default="auto",
         help="for --slow-link-ms: netem, or the nfqueue delayer (default auto)",
     )  # fmt: skip
+    common.add_impairments(p, "every node's link in the slowed job (with --slow-link-ms)")
     p.add_argument("--nodes", type=common.number(2, kind=int), default=4,
                    help="containers, one rank each (default 4)")  # fmt: skip
     p.add_argument("--warmup", type=common.number(0, kind=int), default=2,
@@ -96,7 +97,7 @@ def plan(args: argparse.Namespace) -> StragglerPlan:
         rank=args.rank, slowdown=slowdown, cpus=args.cpus, slow_link_ms=args.slow_link_ms,
         shaper=args.shaper, nodes=args.nodes, warmup=args.warmup, train=train,
         run_timeout_s=args.run_timeout, image=args.image, runs_dir=args.runs_dir,
-        progress=args.progress,
+        progress=args.progress, impair=common.impairments(args),
     )  # fmt: skip
 
 

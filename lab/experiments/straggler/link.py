@@ -33,7 +33,7 @@ def slow_link(cluster: Cluster, plan: StragglerPlan, max_seconds: float) -> Iter
     entered = False
     try:
         with shaped(_nodes(cluster), 0.0, plan.shaper, node_ms={plan.node: plan.slow_link_ms},
-                    max_seconds=max_seconds) as rep:  # fmt: skip
+                    max_seconds=max_seconds, impair=plan.impair) as rep:  # fmt: skip
             entered = True
             yield (f"{rep.note}\n" if rep.note else "") + rep.line()
     except LinkMismatch as e:

@@ -102,7 +102,8 @@ def write_outputs(result: StragglerResult) -> Outputs:
         for f in dataclasses.fields(plan)
         if f.name != "train"
     }
-    settings |= {"quota_cpus": plan.quota, "train": plan.train.to_dict()}
+    settings |= {"quota_cpus": plan.quota, "train": plan.train.to_dict(),
+                 "impair": dataclasses.asdict(plan.impair)}  # fmt: skip
     doc = {
         "run_id": result.run_id,
         "settings": settings,

@@ -21,6 +21,7 @@ from pathlib import Path
 from ddp.config import TrainConfig
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE
+from lab.shaping.impair import Impairments
 
 __all__ = [
     "BASELINE_JOB",
@@ -67,8 +68,14 @@ class StragglerPlan:
     image: str = DEFAULT_IMAGE
     runs_dir: Path = Path("runs")
     progress: bool = True
+    impair: Impairments = field(default_factory=Impairments)  # with the slow link only
 
     def __post_init__(self) -> None:
+        if self.impair and not self.slow_link_ms:
+            raise ValueError(
+                "--jitter-ms and --loss-pct impair the slowed job's link: give --slow-link-ms "
+                "too (e.g. --slow-link-ms 10), or use `lab latency` for impairments alone"
+            )
         if self.nodes < 2:
             raise ValueError(f"--nodes must be >= 2 (a straggler needs peers), got {self.nodes}")
         if not 0 <= self.rank < self.nodes:
@@ -143,5 +150,6 @@ class StragglerPlan:
                 f"{self.share:.3g} = {self.host_cpus} cores / {self.nodes} nodes)"
             )
         if self.slow_link_ms:
-            parts.append(f"{self.slow_link_ms:g} ms extra one-way delay on its link")
+            impair = f" (every link: {self.impair.describe()})" if self.impair else ""
+            parts.append(f"{self.slow_link_ms:g} ms extra one-way delay on its link{impair}")
         return f"rank {self.rank} (node{self.node}) slowed by " + " and ".join(parts)
