@@ -97,7 +97,7 @@ def _slowed(cluster: Cluster, plan: StragglerPlan, lifetime_s: float, echo) -> I
     with contextlib.ExitStack() as undo:
         if plan.quota is not None:
             cluster.set_cpus(plan.node, plan.quota, CPU_PERIOD_US)
-            undo.callback(cluster.set_cpus, plan.node, None, CPU_PERIOD_US)
+            undo.callback(_lift_quota, cluster, plan.node, echo)
             echo(
                 f"node{plan.node}: CPU quota {plan.quota:.3g} cores "
                 f"({plan.quota * CPU_PERIOD_US / 1e3:.2f} ms per {CPU_PERIOD_US / 1e3:g} ms)"
@@ -107,6 +107,15 @@ def _slowed(cluster: Cluster, plan: StragglerPlan, lifetime_s: float, echo) -> I
 
             echo(undo.enter_context(slow_link(cluster, plan, lifetime_s)))
         yield
+
+
+def _lift_quota(cluster: Cluster, node: int, echo: Callable[[str], None]) -> None:
+    # Best effort: the containers are removed right after, and an error here must not hide
+    # the one that ended the job (e.g. Ctrl-C).
+    try:
+        cluster.set_cpus(node, None, CPU_PERIOD_US)
+    except Exception as e:
+        echo(f"warning: could not lift node{node}'s CPU quota (removed with the run): {e}")
 
 
 def run_straggler(plan: StragglerPlan, echo: Callable[[str], None] = print) -> StragglerResult:
