@@ -10,6 +10,7 @@ figures account for. Pure.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -45,6 +46,14 @@ class Impairments:
 
     def __bool__(self) -> bool:
         return bool(self.jitter_ms or self.loss_pct)
+
+    def for_node(self, index: int) -> Impairments:
+        """This node's impairments: the same, with its own seed. One seed on every node would
+        draw the same sequence on both ends of a round trip (the same packets dropped on the
+        way there and back), which is not two independent hops."""
+        if self.seed is None:
+            return self
+        return dataclasses.replace(self, seed=self.seed + index)
 
     def netem_args(self) -> list[str]:
         """What follows ``netem delay <ms>ms``: ``<J>ms [distribution normal] [loss <P>%]``."""

@@ -5,8 +5,11 @@ robust sd), the loss (UDP echo count: TCP would retransmit it away) and the rate
 Tolerances, stated once (also in the messages):
 
 * delay: the added round trip within 20% of ``2 x ms``;
-* jitter: the added round-trip sd (measured and baseline subtracted in variance) within 35% of
-  the expected (two impaired hops: ``sqrt 2`` x a hop's sd) plus 0.2 ms of timer noise;
+* jitter: the added round-trip sd (measured and baseline subtracted in variance) between 35%
+  below and 75% + 0.5 ms above the expected (two impaired hops: ``sqrt 2`` x a hop's sd).
+  Lopsided on purpose: a loaded host's scheduling only ever widens the distribution (the
+  userspace delayer wakes late now and then; measured here: +25..55% at load 15-20), while a
+  shaper that drops the jitter shows up as far too little;
 * loss: round-trip loss (``1 - (1 - p)^2``) within 3 binomial standard deviations of the
   datagrams sent, plus 0.5 percentage points;
 * rate: the bulk throughput between 60% and 110% of the cap (TCP over tbf runs a little
@@ -38,7 +41,8 @@ __all__ = [
 ]
 
 TOLERANCE = 0.2  # of the asked round trip
-JITTER_TOLERANCE, JITTER_SLACK_MS = 0.35, 0.2
+JITTER_TOLERANCE = (0.35, 0.75)  # below, above the expected sd (fractions)
+JITTER_SLACK_MS = 0.5  # on the upper side: timer and scheduling noise
 LOSS_SIGMAS, LOSS_SLACK_PCT = 3.0, 0.5
 RATE_RANGE = (0.6, 1.1)  # measured / asked
 
@@ -99,11 +103,12 @@ def verify_jitter(measured_sd_ms: float, baseline_sd_ms: float, impair: Impairme
     """Raise ValueError unless the added round-trip sd matches ``impair``'s; returns it."""
     added = math.sqrt(max(measured_sd_ms**2 - baseline_sd_ms**2, 0.0))
     want = impair.round_trip_sd_ms()
-    if abs(added - want) > JITTER_TOLERANCE * want + JITTER_SLACK_MS:
+    below, above = JITTER_TOLERANCE
+    if not want * (1 - below) <= added <= want * (1 + above) + JITTER_SLACK_MS:
         raise ValueError(
             f"round-trip jitter sd {added:.2f} ms (measured {measured_sd_ms:.2f}, baseline "
-            f"{baseline_sd_ms:.2f}), asked {want:.2f} ms ({impair.describe()} on 2 hops) +/- "
-            f"{JITTER_TOLERANCE:.0%} + {JITTER_SLACK_MS:g} ms: the shaper is not doing what "
+            f"{baseline_sd_ms:.2f}), asked {want:.2f} ms ({impair.describe()} on 2 hops) "
+            f"-{below:.0%}/+{above:.0%} + {JITTER_SLACK_MS:g} ms: the shaper is not doing what "
             "was asked"
         )
     return added

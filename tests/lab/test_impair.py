@@ -56,6 +56,9 @@ def test_expected_round_trip_figures_and_tolerances():
     assert probe.verify_jitter(3.0, 0.1, j) == pytest.approx(math.sqrt(9 - 0.01))
     with pytest.raises(ValueError, match=re.escape("jitter sd 0.50 ms")):
         probe.verify_jitter(0.5, 0.0, j)
+    probe.verify_jitter(4.5, 0.0, j)  # wider: a loaded host's scheduling only widens it
+    with pytest.raises(ValueError, match=re.escape("-35%/+75% + 0.5 ms")):
+        probe.verify_jitter(6.0, 0.0, j)
     probe.verify_rate(18.0, 20.0)
     with pytest.raises(ValueError, match=re.escape("throughput 30.0 Mbit/s, asked a cap")):
         probe.verify_rate(30.0, 20.0)
@@ -129,3 +132,9 @@ def test_the_commands_plan_the_impairments():
     assert "10 ms extra one-way delay on its link (every link: jitter 1 ms uniform)" in (
         s.describe()
     )
+
+
+def test_every_node_draws_its_own_sequence():
+    i = Impairments(loss_pct=1.0, seed=7)
+    assert [i.for_node(k).seed for k in range(3)] == [7, 8, 9]
+    assert Impairments(loss_pct=1.0).for_node(2).seed is None

@@ -38,7 +38,9 @@ class _RecordingNode:
         if "udp" in argv:  # the answers of a link with 1% loss per hop and 2 ms normal jitter
             sd = 0.01 if not self.udp else 2.9
             self.udp += 1
-            return 0, json.dumps({"loss_pct": 2.0 * (self.udp > 1), "iqr_sd_ms": sd}) + "\n"
+            p50 = 10.05 if self.udp > 1 else 0.05
+            answer = {"loss_pct": 2.0 * (self.udp > 1), "iqr_sd_ms": sd, "p50_ms": p50}
+            return 0, json.dumps(answer) + "\n"
         return 0, ""
 
 
