@@ -22,13 +22,14 @@ from lab.shaping.registry import CHOICES
 
 NAME = "straggler"
 HELP = "slow one rank (a CPU quota, or a slow link): every rank's step rises to its step"
-DESCRIPTION = (
+DESCRIPTION = textwrap.fill(
     "An unslowed baseline, then the same training with one rank's container under a real CPU "
     "quota (cgroup CFS, not a sleep) and/or a slower link into it. Why every rank slows down: "
     "the gradient allreduce is a barrier. A fast rank launches its buckets' allreduces during "
     "backward, but none of them can complete before the straggler has contributed its "
     "gradients, so the fast rank finishes its backward and then waits; every step takes as "
-    "long as the slowest rank's. DDP cannot hide a straggler; only balancing the work can."
+    "long as the slowest rank's. DDP cannot hide a straggler; only balancing the work can.",
+    width=92,
 )
 EPILOG = "\n".join(
     [
