@@ -92,8 +92,11 @@ def _run_job(cluster: Cluster, plan: StragglerPlan, name: str, echo: Callable) -
 
 
 @contextlib.contextmanager
-def _slowed(cluster: Cluster, plan: StragglerPlan, lifetime_s: float, echo) -> Iterator[None]:
-    """The straggler's slowdown, applied for the slowed job and lifted after it."""
+def _slowed(
+    cluster: Cluster, plan: StragglerPlan, lifetime_s: float, echo, links: list[str]
+) -> Iterator[None]:
+    """The straggler's slowdown, applied for the slowed job and lifted after it; the verified
+    link's line goes to ``links``."""
     with contextlib.ExitStack() as undo:
         if plan.quota is not None:
             cluster.set_cpus(plan.node, plan.quota, CPU_PERIOD_US)
@@ -105,7 +108,8 @@ def _slowed(cluster: Cluster, plan: StragglerPlan, lifetime_s: float, echo) -> I
         if plan.slow_link_ms:
             from lab.experiments.straggler.link import slow_link
 
-            echo(undo.enter_context(slow_link(cluster, plan, lifetime_s)))
+            links.append(undo.enter_context(slow_link(cluster, plan, lifetime_s)))
+            echo(links[-1])
         yield
 
 
@@ -137,7 +141,9 @@ def run_straggler(plan: StragglerPlan, echo: Callable[[str], None] = print) -> S
                 echo(f"job {name}: {'unslowed' if name == BASELINE_JOB else plan.describe()}")
                 with contextlib.ExitStack() as stack:
                     if name == SLOWED_JOB:
-                        stack.enter_context(_slowed(cluster, plan, lifetime_s, echo))
+                        stack.enter_context(
+                            _slowed(cluster, plan, lifetime_s, echo, result.link_lines)
+                        )
                     run = _run_job(cluster, plan, name, echo)
                 result.jobs[name] = run
                 echo(f"job {name}: done in {run.seconds:.0f} s, parity "
