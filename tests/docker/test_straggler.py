@@ -64,3 +64,24 @@ def test_straggler_quick_end_to_end(client, tmp_path):
         logs = load_run(run_dir / job / "logs")
         assert sorted(logs) == [0, 1, 2, 3] and all(log.end for log in logs.values()), job
         assert len(list((run_dir / job).glob("node*.log"))) == 4
+
+
+@pytest.mark.timeout(600)
+def test_a_slow_link_is_shaped_only_into_the_straggler_and_verified(client, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "lab", "straggler", "--quick", "--rank", "3", "--slow-link-ms",
+         "10", "--batch-size", "256", "--run-timeout", "240", "--runs-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=560,
+    )  # fmt: skip
+    out = proc.stdout
+    assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{proc.stderr}"
+    run_id = re.search(r"^run (\S+):", out, re.M).group(1)
+    assert leftovers(client, f"{LABEL}={run_id}") == []
+    assert "CPU quota" not in out  # a slow link alone
+    # Verified from the straggler's node before the slowed job ran (within 20%, + the bridge).
+    m = re.search(r"asked node3 10 ms, others 0 ms one-way \(round trip node3-node0 \+10 ms\); "
+                  r"measured round trip p50 ([\d.]+) ms", out)  # fmt: skip
+    assert m and 8.0 <= float(m.group(1)) <= 12.5, out
+    assert out.strip().splitlines()[-1].startswith("straggler rank 3: its link slower, every")
+    doc = json.loads((tmp_path / run_id / "straggler.json").read_text())
+    assert doc["settings"]["slow_link_ms"] == 10.0 and doc["links"], doc["links"]
