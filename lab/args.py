@@ -11,13 +11,17 @@ from pathlib import Path
 from ddp.config import GROUPS, TrainConfig, flag_of
 from ddp.flags import add_train_arguments
 from lab.engine.specs import DEFAULT_IMAGE
+from lab.shaping.impair import DISTRIBUTIONS, Impairments
 
 __all__ = [
     "add_collective_timeout",
     "add_common",
+    "add_impairments",
     "add_run_timeout",
     "add_train_flags",
     "float_list",
+    "impairments",
+    "node_value",
     "number",
 ]
 
@@ -48,6 +52,41 @@ def float_list(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated numbers such as 0,0.25,1, got {text!r}"
         ) from None
+
+
+def node_value(text: str) -> tuple[int, float]:
+    """``"2:10"`` -> ``(2, 10.0)``: a per-node value such as node 2's delay in ms."""
+    node, sep, value = text.partition(":")
+    try:
+        n, v = int(node), float(value)
+    except ValueError:
+        n, v = -1, math.nan
+    if not sep or n < 0 or not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(
+            f"expected NODE:MS with a node number >= 0 and MS >= 0, such as 2:10, got {text!r}"
+        )
+    return n, v
+
+
+def add_impairments(p: argparse.ArgumentParser, where: str = "every node's link") -> None:
+    """``--jitter-ms``, ``--jitter-distribution``, ``--loss-pct``: netem's impairments, on
+    ``where``, verified by the probe like the delay."""
+    g = p.add_argument_group("link impairments (verified by the probe before training)")
+    g.add_argument("--jitter-ms", type=number(0), default=0.0, metavar="MS",
+                   help=f"random part of every packet's delay on {where} (default 0)")  # fmt: skip
+    g.add_argument(
+        "--jitter-distribution", choices=DISTRIBUTIONS, default="uniform",
+        help="uniform in [-MS, +MS] (netem's default) or normal with sd MS (default uniform)",
+    )  # fmt: skip
+    g.add_argument(
+        "--loss-pct", type=number(0), default=0.0, metavar="P",
+        help=f"drop each packet with probability P%% on {where} (default 0; below 50)",
+    )  # fmt: skip
+
+
+def impairments(args: argparse.Namespace) -> Impairments:
+    """The parsed impairment flags, validated (ValueError naming the flag)."""
+    return Impairments(args.jitter_ms, args.jitter_distribution, args.loss_pct, seed=args.seed)
 
 
 def add_common(p: argparse.ArgumentParser, *, progress: bool = True) -> None:

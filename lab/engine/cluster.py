@@ -151,6 +151,13 @@ class Cluster:
             raise LabError(f"could not {what} in node{node} (exit {code}): {out.strip()}")
         return out
 
+    def set_cpus(self, node: int, cpus: float | None, period_us: int = 100_000) -> None:
+        """Change a running node's CPU quota (CFS bandwidth: ``cpus`` cores per ``period_us``;
+        None lifts it), so one set of containers runs an unslowed job and then a straggler.
+        Needs a node created without ``cpus=`` (docker refuses a quota beside NanoCPUs)."""
+        quota = -1 if cpus is None else max(1000, int(cpus * period_us))
+        self.nodes[node].container.update(cpu_period=period_us, cpu_quota=quota)
+
     def address(self, node: int) -> str:
         """The node's IP address on the run's network."""
         container = self.nodes[node].container

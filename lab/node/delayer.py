@@ -8,7 +8,17 @@ constant delay means arrival order is release order, so held packets sit in a FI
 ``(due, id)`` and one batch verdict ("accept every id <= N") releases all that are due. Where
 the rules go and why is the host side's business (:mod:`lab.shaping.nfqueue`).
 
-Run: ``python -m lab.node.delayer --queue N --delay-ms MS [--duration S] [--pidfile F]``.
+Impairments, as netem has them: ``--jitter-ms J`` adds a random part to each packet's delay,
+uniform in [-J, +J] or normal with standard deviation J (``--distribution``; seeded with
+``--seed``, clipped at 0); ``--loss-pct P`` drops each packet with probability P% (a drop
+verdict at once, never held). Packet order is kept, as netem keeps it with a rate or a FIFO
+child: a packet never leaves before the one queued ahead of it (its due time is at least its
+predecessor's), which is what lets one batch verdict release a prefix of the FIFO. Packets
+that arrive alone (a ping-pong probe) see the whole distribution; under a burst the low side is
+clipped by the packet ahead.
+
+Run: ``python -m lab.node.delayer --queue N --delay-ms MS [--jitter-ms J] [--distribution D]
+[--loss-pct P] [--seed S] [--duration S] [--pidfile F]``.
 The pidfile is written once the queue is bound (a readiness signal for a detached exec);
 SIGTERM/SIGINT or the end of --duration release every held packet and unbind.
 """
@@ -20,6 +30,7 @@ import collections
 import contextlib
 import errno
 import os
+import random
 import select
 import signal
 import socket
@@ -30,8 +41,9 @@ from collections.abc import Sequence
 
 from lab.node import nfnetlink as nl
 
-__all__ = ["Delayer", "main"]
+__all__ = ["DISTRIBUTIONS", "Delayer", "main"]
 
+DISTRIBUTIONS = ("uniform", "normal")
 _POLL_S = 0.05  # longest sleep with nothing due: bounds the reaction to a stop signal
 
 
@@ -43,13 +55,33 @@ class Delayer:
     the socket without that would make the kernel drop them.
     """
 
-    def __init__(self, queue: int, delay_ms: float, maxlen: int = 65536, rcvbuf: int = 32 << 20):
+    def __init__(
+        self,
+        queue: int,
+        delay_ms: float,
+        maxlen: int = 65536,
+        rcvbuf: int = 32 << 20,
+        *,
+        jitter_ms: float = 0.0,
+        distribution: str = "uniform",
+        loss_pct: float = 0.0,
+        seed: int | None = None,
+    ):
         if not 0 <= queue <= 65535:
             raise ValueError(f"queue number must be in 0..65535, got {queue!r}")
         if not delay_ms >= 0:
             raise ValueError(f"delay must be >= 0 ms, got {delay_ms!r}")
+        if not jitter_ms >= 0:
+            raise ValueError(f"jitter must be >= 0 ms, got {jitter_ms!r}")
+        if distribution not in DISTRIBUTIONS:
+            raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
+        if not 0 <= loss_pct < 100:
+            raise ValueError(f"loss must be in [0, 100) percent, got {loss_pct!r}")
         self.queue, self.delay_s, self.maxlen, self.rcvbuf = queue, delay_ms / 1e3, maxlen, rcvbuf
-        self.received = self.released = self.max_held = self.overruns = 0
+        self.jitter_s, self.distribution, self.loss = jitter_ms / 1e3, distribution, loss_pct / 100
+        self._rng = random.Random(seed)
+        self._last_due = 0.0
+        self.received = self.released = self.max_held = self.overruns = self.dropped = 0
         self.early_ms = 0.0  # current wake-up compensation (see run)
         self._held: collections.deque[tuple[float, int]] = collections.deque()
         self._sock: socket.socket | None = None
@@ -114,7 +146,7 @@ class Delayer:
 
     def _parse(self, n: int, now: float, want_ack: int = -1) -> int | None:
         """Hold every packet message in buf[:n]; return the errno of the ack for want_ack."""
-        buf, off, due, ack = self._buf, 0, now + self.delay_s, None
+        buf, off, ack = self._buf, 0, None
         while off + 16 <= n:
             length, kind, _flags, seq, _pid = struct.unpack_from("=IHHII", buf, off)
             if length < 16:
@@ -126,7 +158,7 @@ class Delayer:
                     if alen < 4:
                         break
                     if akind & nl.NLA_TYPE_MASK == nl.NFQA_PACKET_HDR:
-                        self._held.append((due, struct.unpack_from("!I", buf, pos + 4)[0]))
+                        self._hold(struct.unpack_from("!I", buf, pos + 4)[0], now)
                         self.received += 1
                         break
                     pos += (alen + 3) & ~3
@@ -135,6 +167,29 @@ class Delayer:
             off += (length + 3) & ~3
         self.max_held = max(self.max_held, len(self._held))
         return ack
+
+    def due(self, now: float) -> float:
+        """When a packet that arrives at ``now`` leaves: the delay plus a jitter sample, never
+        before the packet queued ahead of it (order is kept), never before ``now``."""
+        delay = self.delay_s
+        if self.jitter_s:
+            if self.distribution == "normal":
+                delay += self._rng.gauss(0.0, self.jitter_s)
+            else:
+                delay += self._rng.uniform(-self.jitter_s, self.jitter_s)
+        due = max(now + max(delay, 0.0), self._last_due)
+        self._last_due = due
+        return due
+
+    def _hold(self, packet_id: int, now: float) -> None:
+        if self.loss and self._rng.random() < self.loss:
+            self.dropped += 1
+            assert self._sock is not None
+            self._sock.send(
+                nl.nfq_msg(nl.NFQNL_MSG_VERDICT, self.queue, nl.drop_attrs(packet_id), 0)
+            )
+            return
+        self._held.append((self.due(now), packet_id))
 
     def _verdict(self, sock: socket.socket, packet_id: int) -> None:
         sock.send(
@@ -190,6 +245,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--queue", type=int, default=0, help="NFQUEUE number to bind (default 0)")
     p.add_argument("--delay-ms", type=float, required=True, help="delay per packet, ms")
+    p.add_argument("--jitter-ms", type=float, default=0.0, help="random part of the delay, ms")
+    p.add_argument("--distribution", choices=DISTRIBUTIONS, default="uniform",
+                   help="of the jitter: uniform in [-J, J], or normal with sd J")  # fmt: skip
+    p.add_argument("--loss-pct", type=float, default=0.0, help="drop this percentage of packets")
+    p.add_argument("--seed", type=int, default=None, help="of the jitter and loss draws")
     p.add_argument("--duration", type=float, default=None, help="stop by itself after S seconds")
     p.add_argument("--pidfile", default=None, help="write our pid here once the queue is bound")
     args = p.parse_args(argv)
@@ -202,7 +262,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     start = time.monotonic()
     until = start + args.duration if args.duration is not None else None
-    delayer = Delayer(args.queue, args.delay_ms)
+    delayer = Delayer(
+        args.queue, args.delay_ms, jitter_ms=args.jitter_ms, distribution=args.distribution,
+        loss_pct=args.loss_pct, seed=args.seed,
+    )  # fmt: skip
     try:
         with delayer:
             if args.pidfile:
@@ -217,6 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 os.unlink(args.pidfile)
     print(
         f"nfqueue {args.queue}: {delayer.released} packets delayed {args.delay_ms:g} ms  "
+        f"jitter {args.jitter_ms:g} ms {args.distribution}  dropped {delayer.dropped}  "
         f"max held {delayer.max_held}  overruns {delayer.overruns}  "
         f"timer compensation {delayer.early_ms:.3f} ms  "
         f"{time.monotonic() - start:.1f} s",

@@ -20,6 +20,7 @@ __all__ = [
     "NFQNL_MSG_VERDICT_BATCH",
     "attr",
     "bind_attrs",
+    "drop_attrs",
     "nfq_msg",
     "unbind_attrs",
     "verdict_attrs",
@@ -35,7 +36,7 @@ NFQA_CFG_F_GSO = 0x4
 NFQNL_CFG_CMD_BIND, NFQNL_CFG_CMD_UNBIND = 1, 2
 NFQNL_COPY_META = 1
 NFQA_PACKET_HDR, NFQA_VERDICT_HDR = 1, 2
-NF_ACCEPT = 1
+NF_DROP, NF_ACCEPT = 0, 1
 SO_RCVBUFFORCE = 33
 NLA_TYPE_MASK = 0x3FFF  # strips NLA_F_NESTED / NLA_F_NET_BYTEORDER
 MSG_PACKET_TYPE = (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET
@@ -75,3 +76,8 @@ def unbind_attrs() -> bytes:
 def verdict_attrs(packet_id: int) -> bytes:
     """Accept ``packet_id`` and, sent as a batch verdict, every earlier id too."""
     return attr(NFQA_VERDICT_HDR, struct.pack("!II", NF_ACCEPT, packet_id))
+
+
+def drop_attrs(packet_id: int) -> bytes:
+    """Drop ``packet_id`` (sent as a single verdict: only that packet)."""
+    return attr(NFQA_VERDICT_HDR, struct.pack("!II", NF_DROP, packet_id))

@@ -4,12 +4,14 @@ Standard library only: it runs in the node containers (and in network namespaces
 Judging what it measured against the asked delay is the host's business
 (:func:`lab.shaping.probe.verify`). The server answers two kinds of connection, chosen by the
 first byte: ``E`` echoes every byte back (round-trip samples), ``S`` swallows a bulk transfer
-and answers with the byte count (a throughput sanity check of the shaper). The client prints
-one JSON line.
+and answers with the byte count (a throughput sanity check of the shaper). The same port
+also echoes UDP datagrams: ``udp`` counts what comes back, since TCP would hide a lost packet
+by retransmitting it (and show it only as a slow round trip). The client prints one JSON line.
 
     python -m lab.node.probe serve --port P --duration S
     python -m lab.node.probe ping --host H --port P --count N
     python -m lab.node.probe bulk --host H --port P --mbytes M
+    python -m lab.node.probe udp --host H --port P --count N --wait-ms W
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-__all__ = ["bulk", "main", "ping", "serve"]
+__all__ = ["bulk", "main", "ping", "serve", "udp"]
 
 _MSG = 64  # bytes per echo: one small segment, like a 1-float allreduce's messages
 _WARMUP = 3  # first round trips include slow-start/ARP effects; not samples of the steady state
@@ -59,9 +61,26 @@ def _handle(conn: socket.socket, deadline: float) -> None:
             pass  # a client that vanished or a timeout ends only its own connection
 
 
+def _echo_udp(sock: socket.socket, deadline: float) -> None:
+    with sock:
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(min(left, 0.5))
+            try:
+                data, peer = sock.recvfrom(2048)
+                sock.sendto(data, peer)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+
 def serve(port: int, duration: float, host: str = "0.0.0.0") -> None:
-    """Accept probe connections on `host:port` for `duration` seconds, one thread each."""
+    """Accept probe connections on `host:port` for `duration` seconds, one thread each, and
+    echo UDP datagrams on the same port."""
     deadline = time.monotonic() + duration
+    usock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    usock.bind((host, port))
+    threading.Thread(target=_echo_udp, args=(usock, deadline), daemon=True).start()
     with socket.create_server((host, port), reuse_port=False) as srv:
         print(json.dumps({"serving": port}), flush=True)
         while (left := deadline - time.monotonic()) > 0:
@@ -119,6 +138,44 @@ def ping(host: str, port: int, count: int = 50, timeout: float = 30.0) -> dict[s
     }
 
 
+def udp(host: str, port: int, count: int = 400, wait_ms: float = 200.0) -> dict[str, float]:
+    """`count` numbered 64-byte datagrams, one at a time, each given `wait_ms` for its echo.
+
+    Returns ``{"sent", "received", "loss_pct", "p50_ms", "sd_ms", "iqr_sd_ms"}`` (round trips
+    of the ones that came back; a late echo of an earlier datagram is recognised by its number
+    and not counted twice). Loss is of round trips: either direction may have dropped it.
+    ``iqr_sd_ms`` = interquartile range / 1.349, the sd of a normal distribution with that
+    spread: robust to the few scheduling outliers of a loaded host, which ``sd_ms`` is not.
+    """
+    if count < 2:
+        raise ValueError(f"count must be >= 2, got {count!r}")
+    rtts: list[float] = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((host, port))
+        for seq in range(count):
+            t0 = time.perf_counter()
+            sock.send(struct.pack("!I", seq) + b"u" * (_MSG - 4))
+            end = t0 + wait_ms / 1e3
+            while (left := end - time.perf_counter()) > 0:
+                sock.settimeout(left)
+                try:
+                    data = sock.recv(2048)
+                except (TimeoutError, ConnectionRefusedError):
+                    break  # refused: the server is not up yet, or gone; counts as lost
+                if struct.unpack("!I", data[:4])[0] == seq:
+                    rtts.append((time.perf_counter() - t0) * 1e3)
+                    break
+    q = statistics.quantiles(rtts, n=4) if len(rtts) > 1 else [float("nan")] * 3
+    return {
+        "sent": count,
+        "received": len(rtts),
+        "iqr_sd_ms": round((q[2] - q[0]) / 1.349, 3),
+        "loss_pct": round(100 * (count - len(rtts)) / count, 3),
+        "p50_ms": round(statistics.median(rtts), 3) if rtts else float("nan"),
+        "sd_ms": round(statistics.stdev(rtts), 3) if len(rtts) > 1 else float("nan"),
+    }
+
+
 def bulk(host: str, port: int, mbytes: float = 8.0, timeout: float = 60.0) -> dict[str, float]:
     """Send `mbytes` MB to the server's sink and time it until the server confirms receipt."""
     nbytes = int(mbytes * 1e6)
@@ -159,9 +216,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         c.add_argument("--timeout", type=float, default=30.0, help="seconds for the whole probe")
     sub.choices["ping"].add_argument("--count", type=int, default=50)
     sub.choices["bulk"].add_argument("--mbytes", type=float, default=8.0)
+    u = sub.add_parser("udp")
+    u.add_argument("--host", required=True)
+    u.add_argument("--port", type=int, required=True)
+    u.add_argument("--count", type=int, default=400)
+    u.add_argument("--wait-ms", type=float, default=200.0, help="per datagram, for its echo")
     args = p.parse_args(argv)
     if args.cmd == "serve":
         serve(args.port, args.duration, args.bind)
+    elif args.cmd == "udp":
+        print(json.dumps(udp(args.host, args.port, args.count, args.wait_ms)), flush=True)
     elif args.cmd == "ping":
         print(json.dumps(ping(args.host, args.port, args.count, args.timeout)), flush=True)
     else:

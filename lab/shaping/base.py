@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from lab.shaping.impair import Impairments
+
 __all__ = [
     "LinkMismatch",
     "Node",
@@ -82,7 +84,8 @@ def background(node: Node, argv: Sequence[str], what: str) -> None:
 
 class Shaper(ABC):
     """Delays every packet between a node and its peers by ``ms`` one-way, optionally with a
-    rate limit. Subclasses are registered by :attr:`name` in :data:`lab.shaping.registry.SHAPERS`.
+    rate limit and impairments (jitter, loss: :class:`~lab.shaping.impair.Impairments`).
+    Subclasses are registered by :attr:`name` in :data:`lab.shaping.registry.SHAPERS`.
 
     ``max_seconds`` bounds every process a shaper leaves running in a node, should the host die.
     """
@@ -97,12 +100,13 @@ class Shaper(ABC):
         queue: int = 0,
         python: str = "python3",
         max_seconds: float = 3600.0,
+        impair: Impairments | None = None,
     ) -> None:
         if not ms >= 0:
             raise ValueError(f"delay must be >= 0 ms, got {ms!r}")
         if rate_mbit is not None and not rate_mbit > 0:
             raise ValueError(f"rate must be > 0 Mbit/s, got {rate_mbit!r}")
-        self.ms, self.rate_mbit = ms, rate_mbit
+        self.ms, self.rate_mbit, self.impair = ms, rate_mbit, impair or Impairments()
         self.queue, self.python, self.max_seconds = queue, python, max_seconds
 
     @classmethod

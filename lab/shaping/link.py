@@ -8,16 +8,22 @@ Order matters and is kept here so callers cannot get it wrong:
    :meth:`lab.shaping.base.Shaper.applied`);
 4. measure again and verify: a shaper that is not doing what was asked stops the run here;
 5. on exit, also after errors: undo node by node in reverse order, then stop the server.
+
+Per-node delays (``node_ms``, an asymmetric link: e.g. one slow node) get one shaper per node;
+a round trip between nodes i and j then adds ``d_i + d_j`` with either shaper (netem delays
+what i sends, the delayer what i receives), and the probe runs from the slowest node, so what
+is verified is the link that was made different.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lab.shaping import probe
 from lab.shaping.base import LinkMismatch, Node
+from lab.shaping.impair import Impairments
 from lab.shaping.registry import choose_shaper
 
 __all__ = ["ShapingReport", "shaped"]
@@ -33,16 +39,43 @@ class ShapingReport:
     rate_mbit: float | None
     baseline: dict[str, float] = field(default_factory=dict)
     measured: dict[str, float] = field(default_factory=dict)
+    node_ms: dict[int, float] = field(default_factory=dict)  # per-node delays, where given
+    probed: tuple[int, int] = (0, 1)  # (client, server) of the probe
+    impair: Impairments = field(default_factory=Impairments)
+    udp_baseline: dict[str, float] = field(default_factory=dict)  # UDP echoes, unshaped
+    udp: dict[str, float] = field(default_factory=dict)  # and shaped
+    bulk: dict[str, float] = field(default_factory=dict)  # TCP bulk, shaped
+    checks: list[str] = field(default_factory=list)  # one line per verified impairment
+
+    @property
+    def expected_added_ms(self) -> float:
+        """What the shaping should add to the probed round trip: both ends' one-way delays."""
+        return sum(self.node_ms.get(i, self.ms) for i in self.probed)
 
     def line(self) -> str:
         """One line for the console: asked vs measured, with the baseline beside it."""
         asked = f"{self.ms:g} ms one-way (round trip +{2 * self.ms:g} ms)"
+        if self.node_ms:
+            into = ", ".join(f"node{i} {ms:g} ms" for i, ms in sorted(self.node_ms.items()))
+            a, b = self.probed
+            asked = (
+                f"{into}, others {self.ms:g} ms one-way (round trip node{a}-node{b} "
+                f"+{self.expected_added_ms:g} ms)"
+            )
         rate = f", rate {self.rate_mbit:g} Mbit/s" if self.rate_mbit else ""
-        return (
-            f"shaper {self.shaper}: asked {asked}{rate}; measured round trip p50 "
-            f"{self.measured.get('p50_ms', float('nan')):.2f} ms p90 "
-            f"{self.measured.get('p90_ms', float('nan')):.2f} ms "
-            f"(unshaped p50 {self.baseline.get('p50_ms', float('nan')):.2f} ms)"
+        impair = f", {self.impair.describe()}" if self.impair else ""
+        udp = ""
+        if self.udp:
+            udp = (f"; UDP echo p50 {self.udp.get('p50_ms', float('nan')):.2f} ms (unshaped "
+                   f"{self.udp_baseline.get('p50_ms', float('nan')):.2f} ms)")  # fmt: skip
+        return "\n  ".join(
+            [
+                f"shaper {self.shaper}: asked {asked}{rate}{impair}; measured round trip p50 "
+                f"{self.measured.get('p50_ms', float('nan')):.2f} ms p90 "
+                f"{self.measured.get('p90_ms', float('nan')):.2f} ms "
+                f"(unshaped p50 {self.baseline.get('p50_ms', float('nan')):.2f} ms){udp}",
+                *self.checks,
+            ]
         )
 
 
@@ -58,34 +91,104 @@ def shaped(
     probe_count: int = 50,
     python: str = "python3",
     max_seconds: float = 3600.0,
+    node_ms: Mapping[int, float] | None = None,
+    impair: Impairments | None = None,
+    udp_count: int = 400,
 ) -> Iterator[ShapingReport]:
-    """Shape traffic between ``nodes`` (one-way delay ``ms`` per packet, optional rate), verify,
-    undo.
+    """Shape traffic between ``nodes`` (one-way delay ``ms`` per packet, or ``node_ms[i]`` for
+    node i; optional rate), verify, undo.
 
     Raises ShapingError when a command fails and LinkMismatch when the measured round trip is
-    off by more than 20% of ``2 * ms``; in both cases whatever was applied is removed again.
-    ``max_seconds`` bounds every background process the shaping starts.
+    off by more than 20% of what the shaping should add; in both cases whatever was applied is
+    removed again. ``max_seconds`` bounds every background process the shaping starts.
+    ``impair`` (jitter, loss, on every node) and ``rate_mbit`` are verified too, each within
+    the tolerance :mod:`lab.shaping.probe` states, on UDP echoes and a TCP bulk transfer.
     """
+    impair = impair or Impairments()
     if len(nodes) < 2:
         raise ValueError(f"shaping needs at least 2 nodes to verify, got {len(nodes)}")
-    if not ms >= 0 or (ms == 0 and not rate_mbit):
-        raise ValueError(f"nothing to shape: ms={ms!r}, rate_mbit={rate_mbit!r}")
+    node_ms = dict(node_ms or {})
+    bad = sorted(i for i in node_ms if not 0 <= i < len(nodes))
+    if bad:
+        raise ValueError(f"per-node delays for nodes {bad}, but the nodes are 0..{len(nodes) - 1}")
+    delays = [node_ms.get(i, ms) for i in range(len(nodes))]
+    if not all(d >= 0 for d in delays) or (not any(delays) and not rate_mbit and not impair):
+        raise ValueError(f"nothing to shape: ms={ms!r}, node_ms={node_ms!r}, rate={rate_mbit!r}")
     choice = choose_shaper(shaper, nodes[0].run, nodes[0].dev)
-    impl = choice.shaper(ms, rate_mbit, queue=queue, python=python, max_seconds=max_seconds)
-    report = ShapingReport(choice.name, choice.note, ms, rate_mbit)
-    server, client = nodes[1], nodes[0]
+    # The probe runs from the slowest node (node 0 when all are alike) to the next one.
+    slow = max(range(len(nodes)), key=lambda i: (delays[i], -i))
+    probed = (slow, (slow + 1) % len(nodes))
+    report = ShapingReport(choice.name, choice.note, ms, rate_mbit, node_ms=node_ms,
+                           probed=probed, impair=impair)  # fmt: skip
+    client, server = nodes[probed[0]], nodes[probed[1]]
     with contextlib.ExitStack() as undo:
         # Callbacks run in reverse: the nodes' shaping in reverse order, the server last.
         undo.callback(probe.stop_server, server)
         probe.start_server(server, probe_port, max_seconds, python)
         report.baseline = probe.ping(client, server, probe_port, python, probe_count)
-        for node in nodes:
+        if impair:
+            report.udp_baseline = probe.udp(client, server, probe_port, python, udp_count)
+        for i, (node, delay) in enumerate(zip(nodes, delays, strict=True)):
+            if delay == 0 and not rate_mbit and not impair:
+                continue  # nothing to do on this node
+            impl = choice.shaper(delay, rate_mbit, queue=queue, python=python,
+                                 max_seconds=max_seconds, impair=impair.for_node(i))  # fmt: skip
             peers = [n.address for n in nodes if n is not node]
             undo.enter_context(impl.applied(node, peers))
         report.measured = probe.ping(client, server, probe_port, python, probe_count)
-        if ms > 0:
+        if impair:
+            rtt = report.expected_added_ms + report.baseline.get("p50_ms", 0)
+            wait = 2 * rtt + 8 * impair.round_trip_sd_ms() + 50
+            report.udp = probe.udp(client, server, probe_port, python, udp_count, wait)
+        # Under jitter the delay is judged on the UDP echoes: each travels alone, while a TCP
+        # echo's request queues behind the previous reply's ACK, and order-keeping then gives
+        # it the later of two draws (a median biased up by about half a sd per hop).
+        on = (
+            (report.udp, report.udp_baseline)
+            if impair.jitter_ms
+            else (report.measured, report.baseline)
+        )
+        if report.expected_added_ms > 0:
             try:
-                probe.verify(report.measured["p50_ms"], ms, report.baseline["p50_ms"])
+                probe.verify(on[0]["p50_ms"], report.expected_added_ms / 2, on[1]["p50_ms"])
             except ValueError as e:
                 raise LinkMismatch(f"{report.line()}: {e}") from None
+        _verify_more(report, client, server, probe_port, python, udp_count)
         yield report
+
+
+def _verify_more(
+    report: ShapingReport, client: Node, server: Node, port: int, python: str, count: int
+) -> None:
+    """Jitter and loss on UDP echoes, the rate on a bulk transfer; a line each in ``checks``."""
+    impair = report.impair
+    try:
+        if impair.jitter_ms:
+            added = probe.verify_jitter(report.udp["iqr_sd_ms"],
+                                        report.udp_baseline["iqr_sd_ms"], impair)  # fmt: skip
+            report.checks.append(
+                f"jitter: asked round-trip sd {impair.round_trip_sd_ms():.2f} ms "
+                f"({impair.jitter_ms:g} ms {impair.distribution} per hop), measured "
+                f"{added:.2f} ms (-{probe.JITTER_TOLERANCE[0]:.0%}/+{probe.JITTER_TOLERANCE[1]:.0%}"
+                f" + {probe.JITTER_SLACK_MS:g} ms)"
+            )
+        if impair.loss_pct:
+            tol = probe.verify_loss(report.udp["loss_pct"], impair, count)
+            report.checks.append(
+                f"loss: asked {impair.loss_pct:g}% per hop = {impair.round_trip_loss_pct():.2f}% "
+                f"per round trip, measured {report.udp['loss_pct']:.2f}% of {count} UDP echoes "
+                f"(+/- {tol:.2f} points)"
+            )
+        if report.rate_mbit:
+            mbytes = max(0.5, min(8.0, report.rate_mbit / 8 * 1.5))  # about 1.5 s of traffic
+            report.bulk = probe.bulk(client, server, port, python, mbytes)
+            measured, judged = report.bulk["mbit_s"], not impair.loss_pct
+            if judged:
+                probe.verify_rate(measured, report.rate_mbit)
+            low, high = probe.RATE_RANGE
+            report.checks.append(
+                f"rate: asked {report.rate_mbit:g} Mbit/s, measured {measured:.1f} Mbit/s "
+                + (f"(accepted {low:.0%}..{high:.0%})" if judged else "(not judged under loss)")
+            )
+    except ValueError as e:
+        raise LinkMismatch(f"{report.line()}: {e}") from None

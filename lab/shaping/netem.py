@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Sequence
 
 from lab.shaping.base import Node, Runner, Shaper, ShapingError, check
+from lab.shaping.impair import Impairments
 
 __all__ = [
     "NETEM_MISSING_TEXTS",
@@ -34,15 +35,21 @@ NETEM_MISSING_TEXTS = (
 )
 
 
-def netem_add(dev: str, delay_ms: float, handle: str = "1:") -> list[str]:
-    """`tc` argv adding a root netem qdisc that delays every packet leaving `dev` by `delay_ms`.
+def netem_add(
+    dev: str, delay_ms: float, handle: str = "1:", impair: Impairments | None = None
+) -> list[str]:
+    """`tc` argv adding a root netem qdisc that delays every packet leaving `dev` by `delay_ms`,
+    with `impair`'s jitter (``delay 10ms 2ms distribution normal``) and loss (``loss 1%``).
 
-    The handle lets a tbf be attached below it (``tbf_add(dev, rate, parent=handle)``).
+    The handle lets a tbf be attached below it (``tbf_add(dev, rate, parent=handle)``). netem
+    reorders jittered packets unless a rate or a FIFO child keeps them in line; the tbf below
+    it does, and the NFQUEUE delayer always keeps order.
     """
     if not delay_ms >= 0:
         raise ValueError(f"delay must be >= 0 ms, got {delay_ms!r}")
+    extra = impair.netem_args() if impair else []
     return ["tc", "qdisc", "add", "dev", dev, "root", "handle", handle,
-            "netem", "delay", f"{delay_ms:g}ms"]  # fmt: skip
+            "netem", "delay", f"{delay_ms:g}ms", *extra]  # fmt: skip
 
 
 def _tbf_burst_bytes(rate_mbit: float) -> int:
@@ -106,7 +113,7 @@ class Netem(Shaper):
         return probe_netem(run, dev)
 
     def steps(self, node: Node, peers: Sequence[str], undo: contextlib.ExitStack) -> None:
-        check(node, netem_add(node.dev, self.ms))
+        check(node, netem_add(node.dev, self.ms, impair=self.impair))
         # Removing the root qdisc removes the tbf below it too: one undo for both.
         undo.callback(check, node, qdisc_del_root(node.dev))
         if self.rate_mbit:

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Sequence
 
 from lab.shaping.base import Node, Shaper, ShapingError, background, check, node_path
+from lab.shaping.impair import Impairments
 from lab.shaping.netem import qdisc_del_root, tbf_add
 
 __all__ = ["RULE_COMMENT", "Nfqueue", "delayer_argv", "nfqueue_rules_add", "nfqueue_rules_del"]
@@ -56,9 +57,11 @@ def delayer_argv(
     duration_s: float | None = None,
     pidfile: str | None = None,
     python: str = "python3",
+    impair: Impairments | None = None,
 ) -> list[str]:
     """argv starting the delayer process in a node (needs ``lab`` importable there)."""
     argv = [python, "-m", "lab.node.delayer", "--queue", str(queue), "--delay-ms", f"{delay_ms:g}"]
+    argv += impair.delayer_args() if impair else []
     if duration_s is not None:
         argv += ["--duration", f"{duration_s:g}"]
     if pidfile is not None:
@@ -78,14 +81,14 @@ class Nfqueue(Shaper):
         if self.rate_mbit:
             check(node, tbf_add(node.dev, self.rate_mbit))
             undo.callback(check, node, qdisc_del_root(node.dev))
-        if self.ms == 0:
+        if self.ms == 0 and not self.impair:
             return
         pidfile = node_path(node, "delay.pid")
         # Registered before the start: a delayer that started but never got ready is stopped
         # too (stopping one that never ran is a no-op).
         undo.callback(self._stop_delayer, node)
         background(node, delayer_argv(self.queue, self.ms, self.max_seconds, pidfile,
-                                      self.python), "delay")  # fmt: skip
+                                      self.python, self.impair), "delay")  # fmt: skip
         self._wait_ready(node)
         for add, delete in zip(nfqueue_rules_add(peers, self.queue),
                                nfqueue_rules_del(peers, self.queue), strict=True):  # fmt: skip

@@ -21,6 +21,7 @@ class _RecordingNode:
     def __init__(self, name: str, log: list, has_netem: bool, rtts: list[float], fail: str = ""):
         self.name, self.log, self.has_netem, self.rtts = name, log, has_netem, list(rtts)
         self.fail = fail  # a command containing this text fails
+        self.udp = 0  # UDP probes answered
 
     def __call__(self, argv):
         argv = list(argv)
@@ -32,6 +33,14 @@ class _RecordingNode:
         if "ping" in argv:
             rtt = self.rtts.pop(0)
             return 0, json.dumps({"count": 5, "p50_ms": rtt, "p90_ms": rtt}) + "\n"
+        if "bulk" in argv:  # a rate cap of 50 Mbit/s, met
+            return 0, json.dumps({"bytes": 1, "seconds": 1.0, "mbit_s": 47.0}) + "\n"
+        if "udp" in argv:  # the answers of a link with 1% loss per hop and 2 ms normal jitter
+            sd = 0.01 if not self.udp else 2.9
+            self.udp += 1
+            p50 = 10.05 if self.udp > 1 else 0.05
+            answer = {"loss_pct": 2.0 * (self.udp > 1), "iqr_sd_ms": sd, "p50_ms": p50}
+            return 0, json.dumps(answer) + "\n"
         return 0, ""
 
 
@@ -105,4 +114,48 @@ def test_shaper_arguments_are_checked():
     with pytest.raises(ValueError, match="rate"):
         netem.Netem(5, rate_mbit=0)
     with pytest.raises(ValueError, match="nothing to shape"), link.shaped(_nodes([], False, []), 0):
+        pass
+
+
+def test_per_node_delay_shapes_only_that_node_and_probes_from_it():
+    # One slow node (node 2, 10 ms) among three: only it gets a delayer and rules; the probe
+    # runs node2 -> node0 and must see +10 ms (its 10 plus node 0's 0).
+    log: list = []
+    recs = [_RecordingNode(f"n{i}", log, False, [0.05, 10.4] if i == 2 else []) for i in range(3)]
+    nodes = [base.Node(r.name, r, f"10.9.0.{i + 2}") for i, r in enumerate(recs)]
+    with link.shaped(nodes, 0.0, node_ms={2: 10.0}) as rep:
+        assert rep.probed == (2, 0) and rep.expected_added_ms == 10.0
+    assert "node2 10 ms, others 0 ms one-way (round trip node2-node0 +10 ms)" in rep.line()
+    assert any("lab.node.delayer" in c and "--delay-ms 10" in c for c in _commands(log, "n2"))
+    for quiet in ("n0", "n1"):
+        assert not any("delayer" in c or "iptables" in c for c in _commands(log, quiet))
+    assert any("ping --host 10.9.0.2" in c for c in _commands(log, "n2"))
+    with (
+        pytest.raises(ValueError, match=r"per-node delays for nodes \[5\]"),
+        link.shaped(nodes, 0.0, node_ms={5: 1.0}),
+    ):
+        pass
+
+
+def test_jitter_loss_and_rate_are_verified_and_printed():
+    from lab.shaping.impair import Impairments
+
+    log: list = []
+    nodes = _nodes(log, has_netem=True, rtts=[0.05, 10.1])
+    impair = Impairments(jitter_ms=2.0, distribution="normal", loss_pct=1.0)
+    with link.shaped(nodes, 5.0, rate_mbit=50, impair=impair) as rep:
+        pass
+    cmds = _commands(log, "n1")
+    assert ("tc qdisc add dev eth0 root handle 1: netem delay 5ms 2ms distribution normal "
+            "loss 1%") in cmds  # fmt: skip
+    text = rep.line()
+    assert "jitter: asked round-trip sd 2.83 ms (2 ms normal per hop), measured 2.90 ms" in text
+    assert "loss: asked 1% per hop = 1.99% per round trip, measured 2.00% of 400" in text
+    assert "rate: asked 50 Mbit/s, measured 47.0 Mbit/s (not judged under loss)" in text
+    # A link whose jitter is far from the asked one stops the run.
+    bad = _nodes([], has_netem=True, rtts=[0.05, 10.1])
+    with (
+        pytest.raises(base.LinkMismatch, match=r"round-trip jitter sd 2\.90 ms.*asked 0\.82 ms"),
+        link.shaped(bad, 5.0, impair=Impairments(jitter_ms=1.0)),
+    ):
         pass

@@ -256,3 +256,29 @@ def test_shaped_applies_verifies_and_undoes(netns, monkeypatch):
     with _proc(netns[1], serve):
         after = _ping(netns[0], count=10)
     assert after["p50_ms"] < 5.0, f"delay still applied after the context closed: {after}"
+
+
+@pytest.mark.timeout(120)
+def test_a_per_node_delay_slows_only_that_nodes_link(netns, monkeypatch):
+    # An asymmetric link: only namespace b delays what it receives (10 ms); a's INPUT stays
+    # untouched, and the probe from b to a sees +10 ms, not +20.
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    nodes = []
+    for ns, addr in zip(netns, ADDR, strict=True):
+        dev = next(d for d in _links(ns) if d.startswith("lsh"))
+        nodes.append(
+            base.Node(ns, lambda argv, ns=ns: _sh(["ip", "netns", "exec", ns, *argv]), addr, dev)
+        )
+    try:
+        with link.shaped(nodes, 0.0, "auto", python=sys.executable, max_seconds=60,
+                         node_ms={1: DELAY_MS}) as report:  # fmt: skip
+            rules = [_sh(["ip", "netns", "exec", ns, "iptables", "-S", "INPUT"])[1] for ns in netns]
+    finally:
+        for path in Path("/tmp").glob(f"lab-shaping-{netns[0][:-1]}*"):
+            path.unlink()
+    print("\n" + report.line())
+    assert report.probed == (1, 0)
+    added = report.measured["p50_ms"] - report.baseline["p50_ms"]
+    assert abs(added - DELAY_MS) <= probe.TOLERANCE * DELAY_MS, report.line()
+    if report.shaper == "nfqueue":
+        assert "NFQUEUE" not in rules[0] and "NFQUEUE" in rules[1], rules

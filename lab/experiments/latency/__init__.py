@@ -70,6 +70,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate-mbit", type=common.number(0, strict=True),
                    help="also limit each node's rate (tbf)")  # fmt: skip
     p.add_argument(
+        "--node-ms", type=common.node_value, action="append", metavar="NODE:MS",
+        help="this node's one-way delay instead of --ms (an asymmetric link, e.g. one slow "
+        "node: 2:20); repeat for several",
+    )  # fmt: skip
+    common.add_impairments(p)
+    p.add_argument(
         "--caps", type=common.float_list, default=DEFAULT_CAPS,
         help="bucket caps in MB, comma-separated; 0 = per parameter (default 0,0.25,1,4,25)",
     )  # fmt: skip
@@ -106,7 +112,8 @@ def plan(args: argparse.Namespace) -> LatencyPlan:
         caps=tuple(args.caps), warmup=args.warmup, rounds=args.rounds, nodes=args.nodes,
         train=config_from_args(args, fields, TRAIN_DEFAULTS), timeline_cap=args.timeline_cap,
         run_timeout_s=args.run_timeout, image=args.image, runs_dir=args.runs_dir,
-        progress=args.progress,
+        progress=args.progress, impair=common.impairments(args),
+        node_ms=tuple(args.node_ms or ()),
     )  # fmt: skip
 
 

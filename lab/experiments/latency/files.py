@@ -105,6 +105,8 @@ def _jsonable(value: object) -> object:
         return [_jsonable(v) for v in value]
     if isinstance(value, Path):
         return str(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _jsonable(dataclasses.asdict(value))  # e.g. the plan's Impairments
     return value
 
 

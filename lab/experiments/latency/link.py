@@ -35,13 +35,13 @@ def link(
 ) -> Iterator[LinkReport]:
     """Shape the cluster's links at ``ms`` (and ``plan.rate_mbit``), yield what was measured,
     undo on the way out. ``max_seconds`` bounds the processes the shaping leaves in the nodes."""
-    if ms == 0 and not plan.rate_mbit:
+    if ms == 0 and not (plan.rate_mbit or plan.impair or plan.node_ms):
         yield LinkReport(ms, "none", line="link unshaped (--ms 0): the bridge's own latency")
         return
     entered = False
     try:
-        with shaped(_nodes(cluster), ms, plan.shaper, plan.rate_mbit,
-                    max_seconds=max_seconds) as rep:  # fmt: skip
+        with shaped(_nodes(cluster), ms, plan.shaper, plan.rate_mbit, max_seconds=max_seconds,
+                    node_ms=dict(plan.node_ms), impair=plan.impair) as rep:  # fmt: skip
             entered = True
             yield LinkReport(
                 ms, rep.shaper, rep.note, rep.line(), rep.measured.get("p50_ms"),

@@ -16,6 +16,7 @@ from pathlib import Path
 from ddp.config import TrainConfig
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE
+from lab.shaping.impair import Impairments
 from lab.shaping.registry import CHOICES
 
 __all__ = [
@@ -106,10 +107,18 @@ class LatencyPlan:
     image: str = DEFAULT_IMAGE
     runs_dir: Path = Path("runs")
     progress: bool = True
+    impair: Impairments = field(default_factory=Impairments)  # jitter, loss on every node
+    node_ms: tuple[tuple[int, float], ...] = ()  # (node, ms): a node whose delay differs
 
     def __post_init__(self) -> None:
         if not self.ms:
             raise ValueError("give at least one --ms value")
+        nodes = [n for n, _ in self.node_ms]
+        if any(not 0 <= n < self.nodes for n in nodes) or len(set(nodes)) != len(nodes):
+            raise ValueError(
+                f"--node-ms names nodes {nodes}: each at most once, and the nodes are "
+                f"0..{self.nodes - 1}"
+            )
         for ms in self.ms:
             _finite("--ms", ms, 0.0)
         if len(set(self.ms)) != len(self.ms):

@@ -1,0 +1,128 @@
+"""``python -m lab straggler``: one slow rank makes every rank slow, because the gradient
+allreduce is a barrier.
+
+One cluster runs the same training twice: an unslowed baseline, then with one rank's container
+under a real CPU quota (and/or a slower link into it). Every rank's step time rises to the
+straggler's: the fast ranks finish their backward early and then wait in the allreduce, which
+cannot complete before the slowest rank's gradients arrive. The report splits each rank's step
+into compute and waiting, beside the baseline, and draws one step of each job as a Gantt chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+
+from ddp.config import config_from_args
+from lab import args as common
+from lab.experiments.straggler.analysis import DEFINITIONS
+from lab.experiments.straggler.plan import QUICK_STEPS, TRAIN_DEFAULTS, StragglerPlan
+from lab.shaping.registry import CHOICES
+
+NAME = "straggler"
+HELP = "slow one rank (a CPU quota, or a slow link): every rank's step rises to its step"
+DESCRIPTION = textwrap.fill(
+    "An unslowed baseline, then the same training with one rank's container under a real CPU "
+    "quota (cgroup CFS, not a sleep) and/or a slower link into it. Why every rank slows down: "
+    "the gradient allreduce is a barrier. A fast rank launches its buckets' allreduces during "
+    "backward, but none of them can complete before the straggler has contributed its "
+    "gradients, so the fast rank finishes its backward and then waits; every step takes as "
+    "long as the slowest rank's. DDP cannot hide a straggler; only balancing the work can.",
+    width=92,
+)
+EPILOG = "\n".join(
+    [
+        "The table gives, per rank, medians over the measured steps:",
+        *(
+            textwrap.fill(f"{k} = {v}.", width=92, initial_indent="  ", subsequent_indent="    ")
+            for k, v in DEFINITIONS.items()
+        ),
+        "The closing line is",
+        "  straggler rank R: its compute X.Xx slower, every rank's step Y.Yx (A -> B ms); the",
+        "  others wait W ms per step in allreduce",
+        "('its link slower' instead of the compute figure when only --slow-link-ms is given).",
+        "--slowdown X gives the straggler X times less CPU than its fair share (host cores /",
+        "nodes; 0.5 core for 4 nodes on 2 cores): a quota above the share slows nothing. The",
+        "measured compute slowdown is printed beside it (a loaded host gives less than asked).",
+        "Files in runs/<run-id>/: straggler.csv, straggler.json, trace.json (Chrome trace:",
+        "https://ui.perfetto.dev), gantt.png (one step unslowed above, slowed below), and",
+        "baseline/ and straggler/ with logs/rank<R>.jsonl and node<N>.log.",
+        "Exit codes: 0 both jobs finished with parity, 1 a job failed or parity broke, 2 bad",
+        "arguments, 130 interrupted.",
+    ]
+)
+
+_TRAIN_FIELDS = ["model", "steps", "batch_size", "seed", "bucket_cap_mb"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rank", type=common.number(0, kind=int), default=1,
+                   help="the straggler (default 1)")  # fmt: skip
+    p.add_argument(
+        "--slowdown", type=common.number(1), metavar="X",
+        help="CPU quota = fair share / X on the straggler's container (default 4, or 1 = no "
+        "quota when --slow-link-ms is given)",
+    )  # fmt: skip
+    p.add_argument("--cpus", type=common.number(0, strict=True), metavar="CORES",
+                   help="the straggler's CPU quota in cores, instead of --slowdown")  # fmt: skip
+    p.add_argument(
+        "--slow-link-ms", type=common.number(0), default=0.0, metavar="MS",
+        help="extra one-way delay on every packet into the straggler's node only (default 0)",
+    )  # fmt: skip
+    p.add_argument(
+        "--shaper", choices=CHOICES, default="auto",
+        help="for --slow-link-ms: netem, or the nfqueue delayer (default auto)",
+    )  # fmt: skip
+    common.add_impairments(p, "every node's link in the slowed job (with --slow-link-ms)")
+    p.add_argument("--nodes", type=common.number(2, kind=int), default=4,
+                   help="containers, one rank each (default 4)")  # fmt: skip
+    p.add_argument("--warmup", type=common.number(0, kind=int), default=2,
+                   help="first steps left out of the medians (default 2)")  # fmt: skip
+    p.add_argument("--quick", action="store_true",
+                   help=f"{QUICK_STEPS} steps per job: about a minute")  # fmt: skip
+    common.add_train_flags(p, _TRAIN_FIELDS, defaults=TRAIN_DEFAULTS)
+    common.add_collective_timeout(p, TRAIN_DEFAULTS.collective_timeout_s)
+    common.add_run_timeout(p, 300.0, "one job")
+    common.add_common(p)
+
+
+def plan(args: argparse.Namespace) -> StragglerPlan:
+    train = config_from_args(args, [*_TRAIN_FIELDS, "collective_timeout_s"], TRAIN_DEFAULTS)
+    slowdown = args.slowdown
+    if slowdown is None:
+        slowdown = 1.0 if args.slow_link_ms else 4.0
+    if args.quick:
+        train = train.replace(steps=QUICK_STEPS)
+    return StragglerPlan(
+        rank=args.rank, slowdown=slowdown, cpus=args.cpus, slow_link_ms=args.slow_link_ms,
+        shaper=args.shaper, nodes=args.nodes, warmup=args.warmup, train=train,
+        run_timeout_s=args.run_timeout, image=args.image, runs_dir=args.runs_dir,
+        progress=args.progress, impair=common.impairments(args),
+    )  # fmt: skip
+
+
+def run(plan: StragglerPlan):
+    from lab.experiments.straggler.execute import run_straggler
+
+    return run_straggler(plan)
+
+
+def report(result) -> int:
+    """Exit 0 when both jobs finished with parity, else 1."""
+    from lab.experiments.straggler.outputs import format_table, headline_line, write_outputs
+
+    try:
+        out = write_outputs(result)
+    except ValueError as e:
+        print(f"error: {e} (the logs are in {result.run_dir}/)", file=sys.stderr)
+        return 1
+    print(f"{result.plan.describe()}; medians over the measured steps:")
+    print(format_table(out.summary))
+    print(f"took {result.seconds:.0f} s; wrote {result.run_dir}/: "
+          f"{', '.join(f.name for f in out.files)}")  # fmt: skip
+    broken = [n for n, j in result.jobs.items() if not j.parity]
+    if broken:
+        print(f"parity BROKEN in: {', '.join(broken)}")
+    print(headline_line(out.summary, result.plan.rank, cpu=result.plan.quota is not None))
+    return 1 if broken else 0

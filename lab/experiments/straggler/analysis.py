@@ -1,0 +1,138 @@
+"""Per rank compute vs waiting, from the step records of the baseline and the slowed job. Pure.
+
+A step record's ``step_ms`` is the rank's whole step (forward, backward, optimizer) and
+``comm_ms`` the time it then waited for the gradient allreduces to finish. The allreduce
+completes only once *every* rank contributed its gradients, so that wait is time the rank spent
+waiting for the slowest peer (plus the transfer itself): ``waiting = comm_ms`` and
+``compute = step_ms - comm_ms``. A fast rank's step therefore grows to the straggler's step, the
+difference showing up as waiting; the straggler itself waits for nobody.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ddp.records import RankLog, StepRecord
+
+__all__ = ["DEFINITIONS", "JobStats", "RankRow", "Summary", "job_stats", "summarize"]
+
+DEFINITIONS = {
+    "compute": "step_ms - comm_ms: forward, backward and optimizer step, median over steps",
+    "waiting": (
+        "comm_ms: time after backward spent waiting for the gradient allreduces, which finish "
+        "only when the slowest rank has contributed; median over steps"
+    ),
+    "step": "the rank's step_ms, median over the measured steps (warm-up steps left out)",
+    "job step": "per step the slowest rank's step_ms (everyone waits for it), median over steps",
+}
+
+
+@dataclass(frozen=True)
+class JobStats:
+    """One job's medians: per rank (compute, waiting, step) and the job's step time."""
+
+    compute_ms: dict[int, float]
+    waiting_ms: dict[int, float]
+    step_ms: dict[int, float]
+    job_step_ms: float
+    steps_measured: int
+
+
+def _measured(logs: Mapping[int, RankLog], warmup: int, where: str) -> dict[int, list[StepRecord]]:
+    by_step: dict[int, list[StepRecord]] = {}
+    for log in logs.values():
+        for r in log.steps:
+            if r.step > warmup:
+                by_step.setdefault(r.step, []).append(r)
+    full = {s: recs for s, recs in by_step.items() if len(recs) == len(logs)}
+    if not full:
+        raise ValueError(
+            f"{where}: no step after the {warmup} warm-up steps was logged by all "
+            f"{len(logs)} ranks; run more --steps"
+        )
+    return full
+
+
+def job_stats(logs: Mapping[int, RankLog], warmup: int, where: str = "logs") -> JobStats:
+    """Medians over the steps every rank logged after ``warmup``; ValueError if there are none."""
+    if not logs:
+        raise ValueError(f"{where}: no rank logs")
+    steps = _measured(logs, warmup, where)
+    mine: dict[int, list[StepRecord]] = {}
+    for recs in steps.values():
+        for r in recs:
+            mine.setdefault(r.rank, []).append(r)
+
+    def med(rank: int, f) -> float:
+        return statistics.median(f(r) for r in mine[rank])
+
+    ranks = sorted(mine)
+    return JobStats(
+        compute_ms={k: med(k, lambda r: r.step_ms - r.comm_ms) for k in ranks},
+        waiting_ms={k: med(k, lambda r: r.comm_ms) for k in ranks},
+        step_ms={k: med(k, lambda r: r.step_ms) for k in ranks},
+        job_step_ms=statistics.median(max(r.step_ms for r in recs) for recs in steps.values()),
+        steps_measured=len(steps),
+    )
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """One line of the table: a rank in the slowed job beside the same rank unslowed."""
+
+    rank: int
+    straggler: bool
+    compute_ms: float
+    waiting_ms: float
+    step_ms: float
+    baseline_compute_ms: float
+    baseline_waiting_ms: float
+    baseline_step_ms: float
+
+    @property
+    def vs_baseline(self) -> float:
+        return self.step_ms / self.baseline_step_ms
+
+
+@dataclass(frozen=True)
+class Summary:
+    rows: list[RankRow]
+    job_step_ms: float
+    baseline_job_step_ms: float
+    straggler_compute_x: float  # the straggler's compute, slowed / unslowed: the real slowdown
+    others_waiting_ms: float  # mean over the other ranks of their median waiting
+
+    @property
+    def job_x(self) -> float:
+        return self.job_step_ms / self.baseline_job_step_ms
+
+
+def summarize(baseline: JobStats, slowed: JobStats, straggler: int) -> Summary:
+    """The table rows and headline figures; ValueError if the jobs' ranks differ."""
+    if set(baseline.step_ms) != set(slowed.step_ms):
+        raise ValueError(
+            f"the jobs ran different ranks: {sorted(baseline.step_ms)} vs {sorted(slowed.step_ms)}"
+        )
+    rows = [
+        RankRow(
+            k,
+            k == straggler,
+            slowed.compute_ms[k],
+            slowed.waiting_ms[k],
+            slowed.step_ms[k],
+            baseline.compute_ms[k],
+            baseline.waiting_ms[k],
+            baseline.step_ms[k],
+        )
+        for k in sorted(slowed.step_ms)
+    ]
+    others = [r.waiting_ms for r in rows if not r.straggler]
+    return Summary(
+        rows,
+        slowed.job_step_ms,
+        baseline.job_step_ms,
+        slowed.compute_ms[straggler] / baseline.compute_ms[straggler],
+        statistics.fmean(others) if others else 0.0,
+    )

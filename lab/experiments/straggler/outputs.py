@@ -1,0 +1,124 @@
+"""What ``lab straggler`` prints and writes to ``runs/<run-id>/``: the per-rank table, the
+headline, ``straggler.csv``, ``straggler.json``, ``trace.json`` (Chrome trace) and
+``gantt.png`` (one representative step, unslowed above, slowed below: the fast ranks' yellow
+"allreduce wait" bar is the time they spend waiting for the straggler). Everything is read
+from the collected rank logs."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddp.records import load_run
+from lab.experiments.latency import timeline
+from lab.experiments.straggler.analysis import DEFINITIONS, Summary, job_stats, summarize
+from lab.experiments.straggler.execute import StragglerResult
+from lab.experiments.straggler.plan import BASELINE_JOB, SLOWED_JOB
+
+__all__ = ["Outputs", "format_table", "headline_line", "write_outputs"]
+
+
+@dataclass
+class Outputs:
+    summary: Summary
+    files: list[Path]
+
+
+def format_table(s: Summary) -> str:
+    """Per rank, slowed job beside the unslowed baseline (medians, ms)."""
+    header = (
+        f"{'rank':<12}{'compute ms':>12}{'waiting ms':>12}{'step ms':>10}"
+        f"{'baseline step ms':>18}{'vs baseline':>13}{'baseline compute ms':>21}"
+    )
+    lines = [header]
+    for r in s.rows:
+        name = f"{r.rank} (slow)" if r.straggler else str(r.rank)
+        lines.append(
+            f"{name:<12}{r.compute_ms:>12.1f}{r.waiting_ms:>12.1f}{r.step_ms:>10.1f}"
+            f"{r.baseline_step_ms:>18.1f}{r.vs_baseline:>12.2f}x{r.baseline_compute_ms:>21.1f}"
+        )
+    lines.append(
+        f"{'job step':<12}{'':>34}{s.job_step_ms:>10.1f}{s.baseline_job_step_ms:>18.1f}"
+        f"{s.job_x:>12.2f}x"
+    )
+    return "\n".join(lines)
+
+
+def headline_line(s: Summary, straggler: int, cpu: bool = True) -> str:
+    """The closing line. ``cpu``: the straggler was slowed by a CPU quota (its compute is what
+    changed); else only by its link (what changed is everyone's waiting)."""
+    what = f"its compute {s.straggler_compute_x:.1f}x slower" if cpu else "its link slower"
+    return (
+        f"straggler rank {straggler}: {what}, every rank's step {s.job_x:.1f}x "
+        f"({s.baseline_job_step_ms:.1f} -> {s.job_step_ms:.1f} ms); "
+        f"the others wait {s.others_waiting_ms:.1f} ms per step in allreduce"
+    )
+
+
+_FIGURES = ("compute_ms", "waiting_ms", "step_ms", "baseline_compute_ms", "baseline_waiting_ms",
+            "baseline_step_ms")  # fmt: skip
+
+
+def _row(r) -> dict[str, object]:
+    return {
+        "rank": r.rank,
+        "straggler": r.straggler,
+        **{k: round(getattr(r, k), 3) for k in _FIGURES},
+        "vs_baseline": round(r.vs_baseline, 3),
+    }
+
+
+def write_outputs(result: StragglerResult) -> Outputs:
+    """Every file, from the collected logs; ValueError (LogError included) if they cannot."""
+    plan, run_dir = result.plan, result.run_dir
+    logs = {job: load_run(result.log_dir(job)) for job in (BASELINE_JOB, SLOWED_JOB)}
+    stats = {job: job_stats(lg, plan.warmup, str(result.log_dir(job))) for job, lg in logs.items()}
+    summary = summarize(stats[BASELINE_JOB], stats[SLOWED_JOB], plan.rank)
+    files = [run_dir / "straggler.csv"]
+    with open(files[0], "w", newline="") as f:
+        rows = [_row(r) for r in summary.rows]
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    titles = {BASELINE_JOB: "unslowed baseline", SLOWED_JOB: plan.describe()}
+    lines, steps = [], {}
+    for job, lg in logs.items():
+        where = str(result.log_dir(job))
+        steps[job] = timeline.representative_step(lg, plan.warmup, where)
+        lines.append(timeline.load_step(lg, steps[job], titles[job], where))
+    files.append(run_dir / "trace.json")
+    files[-1].write_text(json.dumps(timeline.chrome_trace(lines)))
+    files.append(run_dir / "gantt.png")
+    timeline.write_gantt(
+        files[-1], lines,
+        suptitle=f"one step, {plan.nodes} ranks: yellow after backward = waiting for the slowest",
+    )  # fmt: skip
+    files.append(run_dir / "straggler.json")
+    settings = {
+        f.name: str(v) if isinstance(v := getattr(plan, f.name), Path) else v
+        for f in dataclasses.fields(plan)
+        if f.name != "train"
+    }
+    settings |= {"quota_cpus": plan.quota, "train": plan.train.to_dict(),
+                 "impair": dataclasses.asdict(plan.impair)}  # fmt: skip
+    doc = {
+        "run_id": result.run_id,
+        "settings": settings,
+        "definitions": DEFINITIONS,
+        "rows": [_row(r) for r in summary.rows],
+        "job_step_ms": summary.job_step_ms,
+        "baseline_job_step_ms": summary.baseline_job_step_ms,
+        "job_step_x": summary.job_x,
+        "straggler_compute_x": summary.straggler_compute_x,
+        "others_waiting_ms": summary.others_waiting_ms,
+        "links": result.link_lines,
+        "timeline_steps": steps,
+        "jobs": {n: dataclasses.asdict(j) for n, j in result.jobs.items()},
+        "seconds": round(result.seconds, 1),
+        "files": [f.name for f in files],
+    }
+    files[-1].write_text(json.dumps(doc, indent=2) + "\n")
+    return Outputs(summary, files)
