@@ -14,7 +14,7 @@ import argparse
 import sys
 import textwrap
 
-from ddp.config import config_from_args
+from ddp.flags import config_from_args
 from lab import args as common
 from lab.experiments.straggler.analysis import DEFINITIONS
 from lab.experiments.straggler.plan import QUICK_STEPS, TRAIN_DEFAULTS, StragglerPlan
