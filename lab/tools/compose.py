@@ -53,8 +53,7 @@ def render() -> str:
     """The whole compose file."""
     flags = "\n      ".join(_flag(f) for f in _FIELDS)
     node = (
-        "  node{i}:\n    <<: *node\n    hostname: node{i}\n"
-        "    environment: {{<<: *env, RANK: {i}}}"
+        "  node{i}:\n    <<: *node\n    hostname: node{i}\n    environment: {{<<: *env, RANK: {i}}}"
     )
     nodes = "\n".join(node.format(i=i) for i in range(NODES))
     names = ",".join(f"node{i}" for i in range(NODES))

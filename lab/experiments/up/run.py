@@ -43,18 +43,28 @@ class UpResult:
     training_s: float  # from the first rank's set-up record to the last exit
     total_s: float  # containers created to removed
     sampler: ResourceSampler
+    # node -> the ranks that reported from it (torchrun assigns them; file: the layout's)
+    placement: dict[int, list[int]] = dataclasses.field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return self.holds and all(code == 0 for code in self.codes.values())
 
 
-def _show(progress: Progress, total_steps: int) -> Callable[[Event], None]:
+def _show(
+    progress: Progress, total_steps: int, placement: dict[int, list[int]], per_node: bool
+) -> Callable[[Event], None]:
     def show(event: Event) -> None:
+        if isinstance(event, RecordEvent) and isinstance(event.record, ConfigRecord):
+            ranks = placement.setdefault(event.node, [])
+            if event.record.rank not in ranks:
+                ranks.append(event.record.rank)
         if isinstance(event, LineEvent):
-            who = f"node{event.node}" + ("" if event.rank is None else f"/rank{event.rank}")
+            who = f"node{event.node}"
+            if event.rank is not None and not per_node:  # torchrun: one stream per node
+                who += f"/rank{event.rank}"
             progress.write(f"[{who}] {event.text}")
-        elif isinstance(event, RecordEvent) and event.rank == 0:
+        elif isinstance(event, RecordEvent) and event.record.rank == 0:
             if isinstance(event.record, StepRecord):
                 progress.update(event.record.step)
             elif isinstance(event.record, ConfigRecord):
@@ -103,12 +113,15 @@ def run_up(plan: UpPlan, echo: Callable[[str], None] = print) -> UpResult:
         f"output in {run_dir}/"
     )
     sampler: ResourceSampler | None = None
+    placement: dict[int, list[int]] = {}
     try:
         with cluster:
             sampler = ResourceSampler(cluster.nodes).start()
-            job = cluster.train(
-                JOB, plan.train, plan.run_timeout_s, echo=_show(progress, plan.train.steps)
-            )
+            show = _show(progress, plan.train.steps, placement, plan.launcher == "torchrun")
+            if plan.launcher == "torchrun":
+                job = cluster.torchrun(JOB, plan.train, plan.run_timeout_s, echo=show)
+            else:
+                job = cluster.train(JOB, plan.train, plan.run_timeout_s, echo=show)
             running = job.wait(plan.run_timeout_s + 30, fail_grace_s=_FAIL_GRACE_S)
             progress.close()
             sampler.stop()
@@ -124,7 +137,7 @@ def run_up(plan: UpPlan, echo: Callable[[str], None] = print) -> UpResult:
         plan, cluster.run_id, run_dir, job.codes,
         {r: (e.cpu_s, e.peak_rss_mib) for r, e in job.exits.items()},
         report.holds, report.verdict, max(e.t for e in job.exits.values()) - trained_from,
-        time.monotonic() - started, sampler,
+        time.monotonic() - started, sampler, {n: sorted(r) for n, r in placement.items()},
     )  # fmt: skip
 
 
