@@ -21,7 +21,15 @@ from ddp.config import Rendezvous, TrainConfig
 from lab.engine.layout import Layout
 from lab.engine.specs import job_dir
 
-__all__ = ["RDZV_PORT", "Torchrun", "job_config", "rank_configs", "train_argv", "train_argvs"]
+__all__ = [
+    "RDZV_PORT",
+    "Torchrun",
+    "job_config",
+    "rank_configs",
+    "torchrun_head",
+    "train_argv",
+    "train_argvs",
+]
 
 RDZV_PORT = 29400  # torchrun's default c10d rendezvous port
 
@@ -65,6 +73,25 @@ def train_argvs(
         rank: train_argv(rank_cfg, Rendezvous(rank, layout.world_size, init))
         for rank, rank_cfg in rank_configs(job, layout, cfg, overrides).items()
     }
+
+
+def torchrun_head(
+    nnodes: str,
+    nproc_per_node: str,
+    endpoint: str,
+    rdzv_id: str,
+    max_restarts: str,
+    rdzv_conf: str,
+    local_addr: str | None = None,
+) -> list[str]:
+    """torchrun's own flags, as strings so that a generated file can put its variables in
+    (compose, swarm); ``Torchrun.argv`` fills them from validated values."""
+    head = [
+        "torchrun", "--nnodes", nnodes, "--nproc-per-node", nproc_per_node,
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id,
+        "--rdzv-conf", rdzv_conf, "--max-restarts", max_restarts, "--monitor-interval", "1",
+    ]  # fmt: skip
+    return head if local_addr is None else [*head, "--local-addr", local_addr]
 
 
 def _check_int(flag: str, value: object, minimum: int) -> None:
@@ -111,12 +138,8 @@ class Torchrun:
         """``torchrun ... -m ddp train`` for one node; ``host`` runs the rendezvous (the
         first node, or a store service), ``local_addr`` is how the other nodes reach this one
         (torchrun's default, the host's FQDN, may not resolve across containers)."""
-        head = [
-            "torchrun", "--nnodes", self.nnodes, "--nproc-per-node", str(self.procs_per_node),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host}:{self.port}",
-            "--rdzv-id", job, "--rdzv-conf", f"join_timeout={self.join_timeout_s:g}",
-            "--max-restarts", str(self.max_restarts), "--monitor-interval", "1",
-        ]  # fmt: skip
-        if local_addr is not None:
-            head += ["--local-addr", local_addr]
+        head = torchrun_head(
+            self.nnodes, str(self.procs_per_node), f"{host}:{self.port}", job,
+            str(self.max_restarts), f"join_timeout={self.join_timeout_s:g}", local_addr,
+        )  # fmt: skip
         return [*head, "-m", "ddp", "train", *job_config(job, cfg).to_argv()]
