@@ -35,7 +35,7 @@ from lab.engine.specs import (
     resource_name,
     volume_spec,
 )
-from lab.engine.training import Torchrun, train_argvs
+from lab.engine.training import TORCHRUN_ENV, Torchrun, train_argvs
 
 __all__ = ["Cluster", "NodeHandle", "down"]
 
@@ -160,7 +160,7 @@ class Cluster:
         cfg.local_batch(launch.nodes * launch.procs_per_node)
         host = self.address(0)
         argvs = {n.index: launch.argv(name, cfg, host, self.address(n.index)) for n in self.nodes}
-        return self.job(name, argvs, timeout_s, echo=echo, per_node=True)
+        return self.job(name, argvs, timeout_s, env=TORCHRUN_ENV, echo=echo, per_node=True)
 
     # --- nodes --------------------------------------------------------------------------
     def exec(self, node: int, argv: list[str]) -> tuple[int, str]:

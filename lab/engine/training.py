@@ -23,6 +23,7 @@ from lab.engine.specs import job_dir
 
 __all__ = [
     "RDZV_PORT",
+    "TORCHRUN_ENV",
     "Torchrun",
     "job_config",
     "rank_configs",
@@ -32,6 +33,12 @@ __all__ = [
 ]
 
 RDZV_PORT = 29400  # torchrun's default c10d rendezvous port
+# torchrun's agents share their rendezvous store with the workers, keyed by each agent's own
+# restart count. After a worker is killed, its agent counts a restart while the other agents
+# restart because a node is waiting (no count): the new workers then look for each other under
+# different keys and find the old group's addresses (seen here: "connectFullMesh failed ...
+# Connection refused" on every restart). Off, rank 0 opens a fresh store each round.
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 def train_argv(cfg: TrainConfig, rdzv: Rendezvous) -> list[str]:

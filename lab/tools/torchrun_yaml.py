@@ -14,7 +14,7 @@ that torchrun restarts (``MAX_RESTARTS``) continues from the newest checkpoint
 
 from __future__ import annotations
 
-from lab.engine.training import RDZV_PORT, torchrun_head
+from lab.engine.training import RDZV_PORT, TORCHRUN_ENV, torchrun_head
 
 __all__ = ["ENV", "compose_services", "worker_command"]
 
@@ -91,7 +91,7 @@ def compose_services(ddp_flags: list[str], image: str) -> str:
         condition: service_completed_successfully
       rdzv:
         condition: service_started
-    environment: *env
+    environment: {{<<: *env, {", ".join(f"{k}: {v!r}" for k, v in TORCHRUN_ENV.items())}}}
     entrypoint:
       - sh
       - -c
