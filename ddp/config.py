@@ -84,6 +84,10 @@ class TrainConfig:
         None, "where checkpoints go (default: LOG_DIR/checkpoints)", "fault", metavar="DIR"
     )
     resume: bool = _opt(False, "continue from the newest complete checkpoint", "fault")
+    auto_resume: bool = _opt(
+        False, "resume if the checkpoint directory holds a complete checkpoint, else start "
+        "fresh (for torchrun --max-restarts, which restarts the same command line)", "fault",
+    )  # fmt: skip
     step_delay_ms: float = _opt(
         0.0,
         "sleep this long in every step, standing in for a bigger model, so that progress and "
@@ -126,9 +130,12 @@ class TrainConfig:
         for name in ("momentum", "bucket_cap_mb", "step_delay_ms", "backward_delay_ms"):
             if not getattr(self, name) >= 0:  # also rejects NaN
                 raise ValueError(_bad(name, getattr(self, name), "a number >= 0"))
-        if (self.checkpoint_every or self.resume) and self.checkpoints is None:
+        if self.resume and self.auto_resume:
+            raise ValueError("--resume or --auto-resume (fresh without a checkpoint): pick one")
+        if (self.checkpoint_every or self.resume or self.auto_resume) and self.checkpoints is None:
             raise ValueError(
-                "checkpointing and --resume need a directory all ranks can read: pass "
+                "checkpointing, --resume and --auto-resume need a directory all ranks can read: "
+                "pass "
                 "--checkpoint-dir DIR (or --log-dir DIR, which implies DIR/checkpoints)"
             )
 

@@ -20,13 +20,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ddp.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
-    restore_rng_state,
-    rng_state,
-    save_checkpoint,
-)
 from ddp.comm_hooks import register_named_hook
 from ddp.config import Rendezvous, TrainConfig
 from ddp.data import ShardSampler, make_dataset
@@ -34,7 +27,6 @@ from ddp.diagnosis import PeerFailure, explain_failure
 from ddp.distributed import DistributedDataParallel
 from ddp.flight_recorder import FlightRecorder
 from ddp.models import build_model
-from ddp.outcome import BadInput
 from ddp.parity import HEADER, ParityReport, StepRow, compression_of
 from ddp.records import (
     ConfigRecord,
@@ -46,6 +38,7 @@ from ddp.records import (
 )
 from ddp.reference import Reference, checksum, max_param_diff, params_sha256, sgd
 from ddp.rendezvous import NeverJoined, join
+from ddp.resume import NothingToResume, agreed_start, restore, save
 
 __all__ = ["NothingToResume", "PeerFailure", "run_rank"]
 
@@ -107,49 +100,6 @@ def run_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
         dist.destroy_process_group()
 
 
-class NothingToResume(BadInput, FileNotFoundError):
-    """--resume found no complete checkpoint."""
-
-
-def _resume(
-    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, ref: Reference | None
-) -> int:
-    """Load the newest complete checkpoint into this rank; returns its step. A half-written or
-    damaged file is never loaded (``latest_checkpoint`` verifies length and hash)."""
-    assert cfg.checkpoints is not None
-    found = latest_checkpoint(cfg.checkpoints)
-    if found is None:
-        raise NothingToResume(
-            f"--resume: no complete checkpoint in {cfg.checkpoints}; run with "
-            "--checkpoint-every K first, or drop --resume"
-        )
-    step, path = found
-    state = load_checkpoint(path)
-    module.load_state_dict(state["model"])
-    opt.load_state_dict(state["optimizer"])
-    restore_rng_state(state["rng"])
-    if ref is not None and "ref_model" in state:
-        ref.model.load_state_dict(state["ref_model"])
-        ref.opt.load_state_dict(state["ref_optimizer"])
-    log.info(f"resumed from {path} (step {step})")
-    return step
-
-
-def _save(
-    cfg: TrainConfig,
-    step: int,
-    module: nn.Module,
-    opt: torch.optim.Optimizer,
-    ref: Reference | None,
-) -> None:
-    # Replicas are identical, so rank 0's state is everyone's; the data position is the step.
-    state = {"model": module.state_dict(), "optimizer": opt.state_dict(), "rng": rng_state()}
-    if ref is not None:
-        state |= {"ref_model": ref.model.state_dict(), "ref_optimizer": ref.opt.state_dict()}
-    assert cfg.checkpoints is not None
-    save_checkpoint(cfg.checkpoints, step, state)
-
-
 def _simulate_backward_compute(module: nn.Module, total_ms: float) -> None:
     """Make backward take ``total_ms`` longer, spread evenly over the parameters' gradients.
 
@@ -179,7 +129,8 @@ def _train(
     module = build_model(cfg.model, cfg.seed)
     opt = sgd(module, cfg)
     ref = Reference(cfg, world, len(x)) if rank == 0 and cfg.reference else None
-    start = _resume(cfg, module, opt, ref) if cfg.resume else 0
+    resumed = agreed_start(cfg, rank, recorder)
+    start = 0 if resumed is None else restore(cfg, resumed, module, opt, ref)
     if cfg.backward_delay_ms:
         _simulate_backward_compute(module, cfg.backward_delay_ms)
     if cfg.sync == "allreduce":
@@ -269,7 +220,7 @@ def _train(
             every = cfg.checkpoint_every
             if every and (step % every == 0 or step == cfg.steps):
                 # Before the row: whoever sees step K reported may rely on checkpoint K.
-                _save(cfg, step, module, opt, ref)
+                save(cfg, step, module, opt, ref)
             log.info(row.format())
 
     holds = torch.zeros(1, dtype=torch.int64)

@@ -35,7 +35,7 @@ from lab.engine.specs import (
     resource_name,
     volume_spec,
 )
-from lab.engine.training import train_argvs
+from lab.engine.training import TORCHRUN_ENV, Torchrun, train_argvs
 
 __all__ = ["Cluster", "NodeHandle", "down"]
 
@@ -118,12 +118,14 @@ class Cluster:
         *,
         env: dict[str, str] | None = None,
         echo: Callable[[Event], None] | None = None,
+        per_node: bool = False,
     ) -> Job:
-        """Start ``argvs`` (rank -> argv) as job ``name``; its directory is made first."""
+        """Start ``argvs`` (rank -> argv; node -> argv with ``per_node``) as job ``name``; its
+        directory is made first."""
         if any(j.name == name for j in self.jobs):
             raise ValueError(f"job {name!r} already ran in this cluster; pick another name")
         self.check(0, ["mkdir", "-p", f"{job_dir(name)}/logs"], f"create {job_dir(name)}")
-        job = Job(self, name, argvs, timeout_s, env=env, echo=echo)
+        job = Job(self, name, argvs, timeout_s, env=env, echo=echo, per_node=per_node)
         self.jobs.append(job)
         return job.start()
 
@@ -138,6 +140,27 @@ class Cluster:
     ) -> Job:
         """A training job: ``python -m ddp train`` on every rank (:mod:`lab.engine.training`)."""
         return self.job(name, train_argvs(name, self.layout, cfg, overrides), timeout_s, echo=echo)
+
+    def torchrun(
+        self,
+        name: str,
+        cfg: TrainConfig,
+        timeout_s: float,
+        *,
+        launch: Torchrun | None = None,
+        echo: Callable[[Event], None] | None = None,
+    ) -> Job:
+        """A training job under torchrun: one agent per node, its c10d rendezvous on node 0,
+        ranks assigned by it (follow them by ``record.rank``; exits are per node)."""
+        launch = launch or Torchrun(self.layout.nodes, self.layout.ranks_per_node)
+        if launch.nodes != len(self.nodes):
+            raise ValueError(
+                f"torchrun for {launch.nodes} nodes on a {len(self.nodes)}-node cluster"
+            )
+        cfg.local_batch(launch.nodes * launch.procs_per_node)
+        host = self.address(0)
+        argvs = {n.index: launch.argv(name, cfg, host, self.address(n.index)) for n in self.nodes}
+        return self.job(name, argvs, timeout_s, env=TORCHRUN_ENV, echo=echo, per_node=True)
 
     # --- nodes --------------------------------------------------------------------------
     def exec(self, node: int, argv: list[str]) -> tuple[int, str]:

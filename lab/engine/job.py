@@ -6,6 +6,10 @@ the host time. :meth:`Job.poll` turns the next line into a typed event and keeps
 state (exits, records, lines) up to date, so every experiment follows ranks the same way:
 iterate :meth:`events`, or :meth:`wait` with a deadline. A node whose stream ends (its
 container was killed) ends its ranks with the container's exit code (137 for SIGKILL).
+
+A ``per_node`` job (torchrun) runs one command per node instead: the launcher's "rank" label
+is then the node's index, exits are per node, and which ranks exist is known only from the
+records, which carry their own rank (``records`` is keyed by ``record.rank`` in both kinds).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ _TAIL = 15
 
 
 class Job:
-    """``argvs`` maps each rank to its argv; the ranks run on their layout's nodes."""
+    """``argvs`` maps each rank to its argv; the ranks run on their layout's nodes. With
+    ``per_node``, ``argvs`` maps each node's index to the one command it runs."""
 
     def __init__(
         self,
@@ -43,12 +48,13 @@ class Job:
         *,
         env: dict[str, str] | None = None,
         echo: Callable[[Event], None] | None = None,
+        per_node: bool = False,
     ) -> None:
         self.cluster, self.name, self.argvs, self.timeout_s = cluster, name, argvs, timeout_s
-        self.env, self.echo = env, echo
-        self.ranks = sorted(argvs)
+        self.env, self.echo, self.per_node = env, echo, per_node
+        self.ranks = sorted(argvs)  # the launcher's slots: ranks, or nodes when per_node
         self.exits: dict[int, ExitEvent] = {}
-        self.records: dict[int, list[Record]] = {r: [] for r in self.ranks}
+        self.records: dict[int, list[Record]] = {} if per_node else {r: [] for r in self.ranks}
         self.lines: list[LineEvent] = []
         self.tails: dict[int | None, deque[str]] = {}
         self.started = 0.0
@@ -63,7 +69,7 @@ class Job:
         api = self.cluster.client.api
         self.started = time.time()
         for node in self.cluster.nodes:
-            mine = {r: self.argvs[r] for r in node.ranks if r in self.argvs}
+            mine = {r: self.argvs[r] for r in self._slots(node.index) if r in self.argvs}
             if not mine:
                 continue
             argv = launcher_argv(node.index, mine, self.timeout_s)
@@ -90,10 +96,13 @@ class Job:
         finally:
             self._queue.put((time.time(), node, None))
 
+    def _slots(self, node: int) -> list[int]:
+        return [node] if self.per_node else self.cluster.nodes[node].ranks
+
     def _ended(self, t: float, node: int) -> None:
         """``node``'s stream ended: ranks without an exit record died with their container."""
         code = self._exit_code(node)
-        for rank in self.cluster.nodes[node].ranks:
+        for rank in self._slots(node):
             if rank in self.argvs and rank not in self.exits:
                 self._pending.append(ExitEvent(t, node, rank, code))
 
@@ -125,7 +134,7 @@ class Job:
         if isinstance(event, ExitEvent):
             self.exits.setdefault(event.rank, event)
         elif isinstance(event, RecordEvent):
-            self.records.setdefault(event.rank, []).append(event.record)
+            self.records.setdefault(event.record.rank, []).append(event.record)
             if self.first_record_t is None:
                 self.first_record_t = event.t
         else:
@@ -197,9 +206,10 @@ class Job:
 
     def output(self, node: int) -> str:
         """What ``node``'s ranks printed in this job (records and exits left out)."""
+        by_node = self.per_node  # torchrun's workers share their node's one stream
         return "".join(
-            f"{e.t - self.started:+9.3f} s  [{'node' if e.rank is None else 'rank'}"
-            f"{node if e.rank is None else e.rank}] {e.text}\n"
+            f"{e.t - self.started:+9.3f} s  [{'node' if e.rank is None or by_node else 'rank'}"
+            f"{node if e.rank is None or by_node else e.rank}] {e.text}\n"
             for e in self.lines
             if e.node == node
         )

@@ -15,6 +15,7 @@ import dataclasses
 from pathlib import Path
 
 from ddp.config import TrainConfig, flag_of
+from lab.tools.torchrun_yaml import ENV, compose_services
 
 NAME = "compose"
 HELP = "write compose.yaml from TrainConfig (or --check that it is current)"
@@ -49,9 +50,18 @@ def _settings() -> str:
     return "\n".join(rows)
 
 
+def ddp_flags() -> list[str]:
+    """ddp's training flags, each from its environment variable (with ddp's default)."""
+    return [_flag(f) for f in _FIELDS]
+
+
+def _torchrun_settings() -> str:
+    return "\n".join(f"#   {name:<20} {default:<6} {what}" for name, default, what in ENV)
+
+
 def render() -> str:
     """The whole compose file."""
-    flags = "\n      ".join(_flag(f) for f in _FIELDS)
+    flags = "\n      ".join(ddp_flags())
     node = (
         "  node{i}:\n    <<: *node\n    hostname: node{i}\n    environment: {{<<: *env, RANK: {i}}}"
     )
@@ -74,6 +84,13 @@ def render() -> str:
 # Training settings (environment variable, ddp flag, default):
 {_settings()}
 # and RUN_TIMEOUT (seconds `summary` waits for the nodes, default 900), LAB_IMAGE.
+#
+# Profile torchrun (not part of a plain `docker compose up`): the same training with one
+# torchrun per `worker` container, ranks assigned by its c10d rendezvous on the `rdzv` store:
+#   NNODES=2 NPROC_PER_NODE=2 docker compose --profile torchrun up --scale worker=2 \\
+#     --attach-dependencies torchrun
+# exits non-zero when a worker failed; the same training settings, and (variable, default):
+{_torchrun_settings()}
 
 x-node: &node
   image: ${{LAB_IMAGE:-ddp-lab:latest}}   # built by `python -m lab image`
@@ -135,7 +152,7 @@ services:
       summary:
         condition: service_completed_successfully
     entrypoint: ["true"]
-
+{compose_services(ddp_flags(), "${LAB_IMAGE:-ddp-lab:latest}")}
 volumes:
   shared:
     labels:

@@ -8,7 +8,7 @@ from pathlib import Path
 from ddp.flags import add_train_arguments, config_from_args
 from lab import args as common
 from lab.engine.layout import Layout
-from lab.experiments.up.plan import TOPOLOGIES, Topology, UpPlan, load_topology
+from lab.experiments.up.plan import LAUNCHERS, TOPOLOGIES, Topology, UpPlan, load_topology
 
 NAME = "up"
 HELP = "run a topology to its parity verdict, then remove it"
@@ -34,6 +34,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ranks-per-node", type=common.number(1, kind=int), help="ranks per container (default 1)"
     )
+    p.add_argument(
+        "--procs-per-node",
+        type=common.number(1, kind=int),
+        help="the same as --ranks-per-node, in torchrun's words (its --nproc-per-node)",
+    )
+    p.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        default="file",
+        help="file: lab starts every rank with its --rank on a file:// rendezvous on the shared "
+        "volume; torchrun: one torchrun per node, ranks assigned by its c10d rendezvous on "
+        "node 0 (default %(default)s)",
+    )
     _TRAIN_FIELDS[:] = add_train_arguments(p, ("train",), keep_unset=True)
     common.add_collective_timeout(p, 300.0, keep_unset=True)
     common.add_run_timeout(p, 600.0, "the whole run")
@@ -42,15 +55,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def plan(args: argparse.Namespace) -> UpPlan:
     base = load_topology(args.topology) if args.topology else Topology()
+    per_node = args.ranks_per_node
+    if args.procs_per_node is not None:
+        if per_node is not None and per_node != args.procs_per_node:
+            raise ValueError("--ranks-per-node and --procs-per-node differ: pass one of them")
+        per_node = args.procs_per_node
     layout = Layout(
         args.nodes if args.nodes is not None else base.layout.nodes,
-        args.ranks_per_node if args.ranks_per_node is not None else base.layout.ranks_per_node,
+        per_node if per_node is not None else base.layout.ranks_per_node,
     )
     train = config_from_args(args, [*_TRAIN_FIELDS, "collective_timeout_s"], base.train)
     same_layout = layout == base.layout
     return UpPlan(
         layout, train, base.name if same_layout else "", args.image, args.run_timeout,
-        args.runs_dir, args.progress,
+        args.runs_dir, args.progress, args.launcher,
     )  # fmt: skip
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from ddp.parity import check_logs
-from ddp.records import StepRecord
+from ddp.records import ConfigRecord, StepRecord
 from lab.engine.client import NodeFailed, RunTimeout, connect
 from lab.engine.cluster import Cluster
 from lab.engine.events import Event, LineEvent, RecordEvent
@@ -44,22 +44,33 @@ class UpResult:
     training_s: float  # from the first rank's set-up record to the last exit
     total_s: float  # containers created to removed
     sampler: ResourceSampler
+    # node -> the ranks that reported from it (torchrun assigns them; file: the layout's)
+    placement: dict[int, list[int]] = dataclasses.field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return self.holds and all(code == 0 for code in self.codes.values())
 
 
-def _show(progress: Progress) -> Callable[[Event], None]:
-    """Every rank's lines under one prefix; rank 0's step records move the progress."""
+def _show(
+    progress: Progress, placement: dict[int, list[int]], per_node: bool
+) -> Callable[[Event], None]:
+    """Every rank's lines under one prefix (one per node under torchrun); rank 0's step records
+    move the progress; set-up records tell which ranks landed on which node."""
 
     def show(event: Event) -> None:
+        if isinstance(event, RecordEvent) and isinstance(event.record, ConfigRecord):
+            ranks = placement.setdefault(event.node, [])
+            if event.record.rank not in ranks:
+                ranks.append(event.record.rank)
         if isinstance(event, LineEvent):
-            who = f"node{event.node}" + ("" if event.rank is None else f"/rank{event.rank}")
+            who = f"node{event.node}"
+            if event.rank is not None and not per_node:  # torchrun: one stream per node
+                who += f"/rank{event.rank}"
             progress.write(f"[{who}] {event.text}")
             return
         record = event.record if isinstance(event, RecordEvent) else None
-        if isinstance(record, StepRecord) and event.rank == 0:
+        if isinstance(record, StepRecord) and record.rank == 0:
             progress.update(record.step)
 
     return show
@@ -107,10 +118,15 @@ def run_up(plan: UpPlan, echo: Callable[[str], None] = print) -> UpResult:
         f"output in {run_dir}/"
     )
     sampler: ResourceSampler | None = None
+    placement: dict[int, list[int]] = {}
     try:
         with cluster:
             sampler = ResourceSampler(cluster.nodes).start()
-            job = cluster.train(JOB, plan.train, plan.run_timeout_s, echo=_show(progress))
+            show = _show(progress, placement, plan.launcher == "torchrun")
+            if plan.launcher == "torchrun":
+                job = cluster.torchrun(JOB, plan.train, plan.run_timeout_s, echo=show)
+            else:
+                job = cluster.train(JOB, plan.train, plan.run_timeout_s, echo=show)
             running = job.wait(plan.run_timeout_s + 30, fail_grace_s=_FAIL_GRACE_S)
             _write_yaml(run_dir / "topology.yaml", plan)
             _raise_if_unfinished(job, running, plan.run_timeout_s)
@@ -124,7 +140,7 @@ def run_up(plan: UpPlan, echo: Callable[[str], None] = print) -> UpResult:
         plan, cluster.run_id, run_dir, job.codes,
         {r: (e.cpu_s, e.peak_rss_mib) for r, e in job.exits.items()},
         report.holds, report.verdict, max(e.t for e in job.exits.values()) - trained_from,
-        time.monotonic() - started, sampler,
+        time.monotonic() - started, sampler, {n: sorted(r) for n, r in placement.items()},
     )  # fmt: skip
 
 

@@ -17,7 +17,9 @@ from ddp.config import TrainConfig
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE
 
-__all__ = ["TOPOLOGIES", "Topology", "UpPlan", "load_topology"]
+__all__ = ["LAUNCHERS", "TOPOLOGIES", "Topology", "UpPlan", "load_topology"]
+
+LAUNCHERS = ("file", "torchrun")
 
 TOPOLOGIES = Path(__file__).resolve().parent / "topologies"
 _KEYS = {"name", "nodes", "ranks_per_node", "train"}
@@ -86,8 +88,13 @@ class UpPlan:
     run_timeout_s: float = 600.0
     runs_dir: Path = Path("runs")
     progress: bool = True
+    launcher: str = "file"  # one of LAUNCHERS
 
     def __post_init__(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(
+                f"--launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}"
+            )
         self.train.local_batch(self.layout.world_size)  # the batch must split over the ranks
         if not self.run_timeout_s > 0:
             raise ValueError(f"--run-timeout must be > 0 seconds, got {self.run_timeout_s!r}")

@@ -1,0 +1,111 @@
+"""The torchrun worker of generated files: compose.yaml's ``torchrun`` profile and the swarm
+stack (:mod:`lab.tools.stack`) run the same command, built here from
+:func:`lab.engine.training.torchrun_head` (torchrun's flags) and compose.py's ddp flags.
+
+Workers are interchangeable replicas (``--scale worker=N``, swarm ``replicas: N``): none has a
+name the others could rendezvous at, so a ``rdzv`` service holds the c10d store
+(:mod:`lab.node.store`) and every agent is its client (``is_host=false``). Each agent gives its
+own address (``hostname -i``) as ``--local-addr``: torchrun's default, the FQDN, is a container
+id the other containers may not resolve. ddp runs with ``--auto-resume``, so a worker group
+that torchrun restarts (``MAX_RESTARTS``) continues from the newest checkpoint
+(``CHECKPOINT_EVERY``) on the shared volume; each worker writes torchrun's exit code to
+``/shared/exits/<hostname>``, which the store waits for.
+"""
+
+from __future__ import annotations
+
+from lab.engine.training import RDZV_PORT, TORCHRUN_ENV, torchrun_head
+
+__all__ = ["ENV", "compose_services", "worker_command"]
+
+# Variables of the torchrun worker (name, default, what), listed in the files' headers.
+ENV = (
+    ("NNODES", "4", "torchrun --nnodes: the number of workers (= --scale worker=N)"),
+    ("NPROC_PER_NODE", "1", "torchrun --nproc-per-node: ranks per worker"),
+    ("MAX_RESTARTS", "0", "torchrun --max-restarts: restarts of the worker group"),
+    ("CHECKPOINT_EVERY", "0", "ddp --checkpoint-every: what a restart resumes from"),
+    ("JOIN_TIMEOUT", "120", "seconds the c10d rendezvous waits for every worker"),
+)
+
+
+def _var(name: str) -> str:
+    default = next(d for n, d, _ in ENV if n == name)
+    return f'"${{{name}:-{default}}}"'
+
+
+def worker_command(ddp_flags: list[str], indent: str, rdzv_id: str) -> str:
+    """The ``sh -c`` text of one worker (a folded YAML scalar, ``indent`` deep)."""
+    head = torchrun_head(
+        _var("NNODES"), _var("NPROC_PER_NODE"), f"rdzv:{RDZV_PORT}", rdzv_id,
+        _var("MAX_RESTARTS"), "is_host=false,join_timeout=${JOIN_TIMEOUT:-120}",
+        '"$$(hostname -i)"',
+    )  # fmt: skip
+    lines = [
+        " ".join(head[:5]),
+        " ".join(head[5:11]),
+        " ".join(head[11:13]),
+        " ".join(head[13:]),
+        "-m ddp train --log-dir /shared/logs --auto-resume",
+        f"--checkpoint-every {_var('CHECKPOINT_EVERY')}",
+        *ddp_flags,
+    ]
+    lines[-1] += ";"
+    lines.append("code=$$?; echo $$code > /shared/exits/$$(hostname); exit $$code")
+    return f"\n{indent}".join(lines)
+
+
+def compose_services(ddp_flags: list[str], image: str) -> str:
+    """compose.yaml's ``torchrun`` profile: ``rdzv``, ``worker`` and the closing ``torchrun``."""
+    command = worker_command(ddp_flags, " " * 8, "compose")
+    return f"""\
+  # --- profile torchrun: one torchrun per worker container, ranks from the c10d rendezvous
+  #   NNODES=2 NPROC_PER_NODE=2 docker compose --profile torchrun up --scale worker=2 \\
+  #     --attach-dependencies torchrun
+  rdzv:
+    profiles: [torchrun]
+    image: {image}
+    labels:
+      lab.run: compose
+    volumes:
+      - shared:/shared
+    depends_on:
+      init:
+        condition: service_completed_successfully
+    entrypoint:
+      - python
+      - -m
+      - lab.node.store
+      - --port={RDZV_PORT}
+      - --dir=/shared/exits
+      - --count=${{NNODES:-4}}
+      - --timeout=${{RUN_TIMEOUT:-900}}
+  worker:
+    profiles: [torchrun]
+    image: {image}
+    labels:
+      lab.run: compose
+    volumes:
+      - shared:/shared
+    depends_on:
+      init:
+        condition: service_completed_successfully
+      rdzv:
+        condition: service_started
+    environment: {{<<: *env, {", ".join(f"{k}: {v!r}" for k, v in TORCHRUN_ENV.items())}}}
+    entrypoint:
+      - sh
+      - -c
+      - >-
+        {command}
+  torchrun:
+    profiles: [torchrun]
+    image: {image}
+    labels:
+      lab.run: compose
+    depends_on:
+      worker:
+        condition: service_started
+      rdzv:
+        condition: service_completed_successfully
+    entrypoint: ["true"]
+"""

@@ -1,0 +1,56 @@
+"""--auto-resume: the same command line starts fresh, and after a kill resumes bitwise
+identically; what torchrun --max-restarts needs from a restarted worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from ddp.config import TrainConfig, flag_of
+from ddp.records import read_rank_log
+from tests.ddp.test_faults import _end_hash, _wait_for_step
+from tests.helpers import finish, train_ranks
+
+
+def test_auto_resume_is_a_fault_flag_that_round_trips():
+    cfg = TrainConfig(auto_resume=True, log_dir="/tmp/x", checkpoint_every=2)
+    assert flag_of("auto_resume") == "--auto-resume"
+    assert "--auto-resume" in cfg.to_argv()
+    assert TrainConfig.__dataclass_fields__["auto_resume"].metadata["group"] == "fault"
+
+
+def test_auto_resume_needs_a_checkpoint_directory():
+    with pytest.raises(ValueError, match="--auto-resume need a directory"):
+        TrainConfig(auto_resume=True)
+    assert TrainConfig(auto_resume=True, checkpoint_dir="/c").checkpoints is not None
+
+
+def test_resume_and_auto_resume_exclude_each_other():
+    with pytest.raises(ValueError, match="--resume or --auto-resume"):
+        TrainConfig(resume=True, auto_resume=True, log_dir="/l")
+
+
+@pytest.mark.timeout(240)
+def test_the_same_command_line_starts_fresh_then_resumes(tmp_path):
+    args = ["--steps", "12", "--checkpoint-every", "3", "--collective-timeout", "20"]
+    plain = finish(train_ranks(tmp_path, 2, *args, "--log-dir", str(tmp_path / "plain")), 90)
+    assert "parity holds" in plain[0], plain
+
+    logs = tmp_path / "auto"
+    auto = [*args, "--log-dir", str(logs), "--auto-resume"]
+    procs = train_ranks(tmp_path, 2, *auto, "--step-delay-ms", "100")
+    _wait_for_step(logs / "rank1.jsonl", 7, procs)
+    os.kill(procs[1].pid, signal.SIGKILL)
+    first = finish(procs, timeout_s=40)
+    assert "no complete checkpoint" in first[0] and "starting fresh" in first[0], first
+
+    again = finish(train_ranks(tmp_path, 2, *auto), 90)  # exactly the same flags
+    assert "resumed from" in again[0] and "(step 6)" in again[0], again
+    assert "parity holds: 2 replicas identical after all 6 steps" in again[0], again
+    assert read_rank_log(logs / "rank1.jsonl").config.start_step == 6
+    for r in (0, 1):
+        assert _end_hash(logs / f"rank{r}.jsonl") == _end_hash(
+            tmp_path / "plain" / f"rank{r}.jsonl"
+        )

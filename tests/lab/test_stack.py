@@ -1,0 +1,38 @@
+"""The swarm stack file, pure: dnsrr everywhere, an overlay network, the same worker command as
+compose's torchrun profile, and no ${VAR:+...} that docker stack deploy cannot expand."""
+
+import re
+
+import yaml
+
+from lab.tools.compose import render as render_compose
+from lab.tools.stack import render
+
+
+def test_every_service_is_dnsrr_on_an_overlay_and_never_restarted_by_the_swarm():
+    stack = yaml.safe_load(render())
+    assert stack["networks"]["net"]["driver"] == "overlay"
+    for name in ("rdzv", "worker"):
+        deploy = stack["services"][name]["deploy"]
+        assert deploy["endpoint_mode"] == "dnsrr", name
+        assert deploy["restart_policy"] == {"condition": "none"}, name
+        assert stack["services"][name]["networks"] == ["net"]
+    assert stack["services"]["worker"]["deploy"]["replicas"] == "${NNODES:-4}"
+
+
+def test_switches_are_left_to_the_containers_shell():
+    text = render()
+    assert not re.search(r"(?<!\$)\$\{[A-Z_]+:\+", text)  # stack deploy would mangle these
+    env = yaml.safe_load(text)["services"]["worker"]["environment"]
+    assert env["NO_OVERLAP"] == "${NO_OVERLAP:-}" and "$${NO_OVERLAP:+--no-overlap}" in text
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+
+def test_the_worker_runs_what_compose_runs():
+    worker = yaml.safe_load(render())["services"]["worker"]["entrypoint"][2]
+    composed = yaml.safe_load(render_compose())["services"]["worker"]["entrypoint"][2]
+    assert worker.startswith("mkdir -p /shared/exits; torchrun --nnodes")
+    assert "--rdzv-endpoint rdzv:29400" in worker and "--auto-resume" in worker
+    assert worker.split("--rdzv-id stack")[1] == composed.split("--rdzv-id compose")[1].replace(
+        "${NO_OVERLAP:+", "$${NO_OVERLAP:+"
+    ).replace("${NO_REFERENCE:+", "$${NO_REFERENCE:+")
