@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--all", action="store_true", help="print excluded tests in the table too")
     args = p.parse_args(argv)
+    # SIGTERM (e.g. from `timeout`) as an exception, so the driver's cleanup kills the ranks.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     report = run_suite(
         args.tests,
         rebaseline=args.rebaseline,

@@ -39,6 +39,36 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
+def _watch(
+    proc: subprocess.Popen,
+    results: Path,
+    per_test_s: float,
+    expected: int,
+    on_row: Callable[[dict], None],
+) -> tuple[str, str] | None:
+    """Wait for the worker, passing each new result row to ``on_row``; None once it has
+    finished ``expected`` tests, else why it stopped. Each new row restarts the per-test
+    deadline (the first one also covers the imports)."""
+    seen = len(_read_rows(results))
+    target = seen + expected
+    deadline = time.monotonic() + per_test_s + _IMPORT_SLACK_S
+    while True:
+        exited = proc.poll() is not None  # before reading: a line written at exit is seen
+        new = _read_rows(results)[seen:]
+        for row in new:
+            on_row(row)
+        seen += len(new)
+        if seen >= target:
+            return None
+        if exited:
+            return ("crash", f"worker exited with code {proc.returncode} during the test")
+        if new:
+            deadline = time.monotonic() + per_test_s + 30
+        if time.monotonic() > deadline:
+            return ("timeout", f"no result within {per_test_s + 30:.0f} s (killed with its ranks)")
+        time.sleep(0.2)
+
+
 def run_tests(
     tests: Sequence[str],
     impl: str,
@@ -51,10 +81,13 @@ def run_tests(
     """Run ``tests`` with ``impl`` ("torch" or "ours"); test name -> result row (status, reason,
     seconds). ``progress`` is called with each row as it arrives."""
     rows: dict[str, dict] = {}
+
+    def on_row(row: dict) -> None:
+        rows[row["test"]] = row
+        progress(row)
+
     with tempfile.TemporaryDirectory(prefix="torch-suite-") as tmp:
         results = Path(tmp) / "results.jsonl"
-        log = Path(tmp) / "worker.log"
-        seen = 0
         while remaining := [t for t in tests if t not in rows]:
             cmd = [
                 sys.executable,
@@ -73,49 +106,28 @@ def run_tests(
                 *remaining,
             ]
             env = {**os.environ, "OMP_NUM_THREADS": "1", "TEMP_DIR": tmp}
-            with open(log, "w") as log_f:
+            with open(Path(tmp) / "worker.log", "w") as log:
                 proc = subprocess.Popen(
                     cmd,
                     cwd=ROOT,
                     env=env,
-                    stdout=log_f,
+                    stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-            deadline = time.monotonic() + per_test_s + _IMPORT_SLACK_S
-            verdict = None
-            while True:
-                new = _read_rows(results)[seen:]
-                for row in new:
-                    rows[row["test"]] = row
-                    progress(row)
-                if new:
-                    seen += len(new)
-                    deadline = time.monotonic() + per_test_s + 30
-                if proc.poll() is not None:
-                    if proc.returncode != 0 or len(rows) < len(tests):
-                        tail = log.read_text().strip().splitlines()[-1:] or [""]
-                        verdict = ("crash", f"worker exited {proc.returncode}: {tail[0][:200]}")
-                    break
-                if time.monotonic() > deadline:
-                    _kill_group(proc)
-                    verdict = ("timeout", f"no result within {per_test_s + 30:.0f} s (killed)")
-                    break
-                time.sleep(0.2)
-            _kill_group(proc)  # the ranks of a test the worker was running, if any are left
-            for row in _read_rows(results)[seen:]:
-                rows[row["test"]] = row
-                progress(row)
-                seen += 1
+            try:
+                verdict = _watch(proc, results, per_test_s, len(remaining), on_row)
+            finally:  # also on Ctrl-C or SIGTERM: no test's ranks outlive the driver
+                _kill_group(proc)
             pending = [t for t in tests if t not in rows]
-            if verdict and pending:
-                row = {
-                    "test": pending[0],
-                    "impl": impl,
-                    "status": verdict[0],
-                    "reason": verdict[1],
-                    "seconds": None,
-                }
-                rows[pending[0]] = row
-                progress(row)
+            if verdict and pending:  # the test it was running when it hung or died
+                on_row(
+                    {
+                        "test": pending[0],
+                        "impl": impl,
+                        "status": verdict[0],
+                        "reason": verdict[1],
+                        "seconds": None,
+                    }
+                )
     return rows
