@@ -11,19 +11,21 @@ _OK = {"pass", "refused"}  # refused: the API is ours to add, not a broken test
 
 
 def rows(torch_rows: dict[str, dict], ours_rows: dict[str, dict]) -> list[dict]:
-    """Merged rows in selection order; ``ours`` is ``-`` where torch's class did not pass."""
+    """Merged rows in selection order; ``ours`` is ``-`` where torch's class did not pass. A
+    failure keeps the failing rank's traceback (JSON only; the table shows its first line)."""
     out = []
     for test, t in torch_rows.items():
         o = ours_rows.get(test)
-        out.append(
-            {
-                "test": test,
-                "torch": t["status"],
-                "ours": o["status"] if o else "-",
-                "reason": (o["reason"] if o else f"excluded: {t['reason']}") or "",
-                "seconds": o.get("seconds") if o else None,
-            }
-        )
+        row = {
+            "test": test,
+            "torch": t["status"],
+            "ours": o["status"] if o else "-",
+            "reason": (o["reason"] if o else f"excluded: {t['reason']}") or "",
+            "seconds": o.get("seconds") if o else None,
+        }
+        if o and o.get("traceback"):
+            row["traceback"] = o["traceback"]
+        out.append(row)
     return out
 
 
