@@ -85,7 +85,7 @@ def render(runs: dict[str, dict[str, Any]], cfg: dict[str, Any], command: str) -
     if "ws1" in runs:
         lines += ["world size 1 (same model, batch, steps; no-sync = the bare module):"]
         lines += _variant_lines(runs["ws1"]["per_round_ms"], b, "no-sync")
-    lines.append(f"targets ({command}):")
+    lines.append(f"targets, median of per-round ratios ({command}):")
     for name, r in ratios(runs, b).items():
         if r["ratio"] is None:
             lines.append(f"  {name:<32} skipped (a variant did not run)")
