@@ -8,7 +8,8 @@ the comparisons are ratios within one run. One progress line per round; the repo
 the three targets (ours/torch <= 1.00, ours+hook/ours <= 1.03, world size 1 ours/bare <= 1.03);
 the figures go to OUT/bench.json and OUT/bench.csv.
 
-A default run takes about 2 minutes on a 2-core host; --quick about 20 s.
+A default run takes about 1.5 minutes on an idle 2-core host (estimate; measured: 4.6 minutes
+with the cores shared by other jobs); --quick about 20 s (40 s shared).
 
     python -m ddp.bench                       # 4 ranks, 8x512 MLP, batch 64 per rank
     python -m ddp.bench --quick
