@@ -90,9 +90,11 @@ class DDPApiMixin:
             )
             return
         if self._logging.iterations > 0 or self.reducer._expect_backward:
-            raise RuntimeError(
-                "set_static_graph() should be called before training loop starts and after "
-                "DistributedDataParallel is constructed."
+            raise self._logging.log_error(
+                RuntimeError(
+                    "set_static_graph() should be called before training loop starts and after "
+                    "DistributedDataParallel is constructed."
+                )
             )
         self.static_graph = True
         self.reducer.static.enable()

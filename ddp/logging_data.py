@@ -72,12 +72,21 @@ class DDPLoggingData:
             **settings,
             **{key: os.environ.get(var, "N/A") for key, var in _ENV_KEYS.items()},
         }
+        if self.data["backend_name"] == "gloo":
+            self.data["gloo_num_threads"] = 2  # ProcessGroupGloo's default, as torch logs it
         self.sample_rate = 100
         self.iterations = 0  # synchronised forwards started
         self._samples = 0
         self._forward_start = 0.0
         # perf_counter() -> wall-clock nanoseconds, for torch's absolute *_start/_end stamps
         self._epoch_offset_ns = time.time_ns() - time.perf_counter_ns()
+
+    def log_error(self, error: Exception) -> Exception:
+        """Keep ``error`` in the logging data (torch's ``has_error``/``error`` keys), for tools
+        that read why a wrapper failed; returns it, to be raised."""
+        self.data["has_error"] = 1
+        self.data["error"] = str(error)
+        return error
 
     def set_sample_rate(self, sample_rate: int) -> None:
         if not isinstance(sample_rate, int) or sample_rate < 1:
