@@ -10,6 +10,8 @@ up as communication wait on the others.
 
 from __future__ import annotations
 
+import gc
+import importlib
 import logging
 import time
 from datetime import timedelta
@@ -61,6 +63,10 @@ def run_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
     Raises ``PeerFailure`` (with the diagnosis as message) when a collective fails because
     another rank died, stalled or was cut off, or when a rank never joined (``NeverJoined``).
     """
+    # torch.optim imports torch._dynamo lazily; imported while a group exists, it keeps a C++
+    # reference to the group past destroy_process_group(), and gloo's threads then run into
+    # interpreter shutdown (the bench's rare SIGABRT). Imported before the group, it takes none.
+    importlib.import_module("torch._dynamo")
     jlog = RecordLog(cfg.log_dir, rdzv.rank, echo=cfg.emit_records)
     try:
         store = join(rdzv, cfg.collective_timeout_s)
@@ -97,6 +103,8 @@ def run_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
     finally:
         recorder.stop_watching()
         jlog.close()
+        # The wrapper's hooks form reference cycles that hold the group: free them first.
+        gc.collect()
         dist.destroy_process_group()
 
 
