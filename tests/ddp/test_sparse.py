@@ -109,7 +109,26 @@ def _hook(rank: int, world: int) -> None:
     _train(rank, world, hook=True)
 
 
-CASES = {"plain": _plain, "unused": _unused, "accumulate": _accumulate, "hook": _hook}
+def _embedding_only(rank: int, world: int) -> None:
+    # No dense bucket at all: the end-of-backward callback comes from the outputs' hook.
+    ours, theirs = seeded(nn.Embedding, 100, 8), seeded(nn.Embedding, 100, 8)
+    ours.sparse = theirs.sparse = True
+    ddp, ref = DistributedDataParallel(ours), nn.parallel.DistributedDataParallel(theirs)
+    for step in range(2):
+        for model in (ddp, ref):
+            torch.tanh(model(_indices(rank, step))).sum().backward()
+        g, h = ours.weight.grad, theirs.weight.grad
+        assert g.is_sparse and g.is_coalesced() == h.is_coalesced()
+        torch.testing.assert_close(g.to_dense(), h.to_dense(), atol=ATOL, rtol=0)
+
+
+CASES = {
+    "plain": _plain,
+    "unused": _unused,
+    "accumulate": _accumulate,
+    "hook": _hook,
+    "embedding_only": _embedding_only,
+}
 
 
 @pytest.fixture(scope="module", params=[2, 3])
