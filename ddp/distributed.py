@@ -28,6 +28,7 @@ from ddp.join import agree_on_forward, sync_buffers_from
 from ddp.reducer import Reducer
 from ddp.reducer_support import Recorder
 from ddp.sink import hook_outputs
+from ddp.sparse import SparseGrads, split_sparse
 from ddp.torch_args import check_cpu_args, refuse_unsupported
 
 __all__ = ["DistributedDataParallel"]
@@ -160,9 +161,15 @@ class DistributedDataParallel(DDPApiMixin, nn.Module, Joinable):
     def _build_reducer(self) -> None:
         """The reducer and its hooks: at construction, and again after unpickling."""
         named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        every = [p for _, p in named]
+        # Sparse-gradient parameters stay out of the dense buckets (ddp.sparse).
+        named, sparse = split_sparse(self.module, named)
         params = [p for _, p in named]
         plan = plan_buckets(params, int(self.bucket_cap_mb * (1 << 20)), close_at_cap=True)
         self._param_index = {p: i for i, p in enumerate(params)}
+        sparse_grads = SparseGrads(
+            [p for _, p in sparse], [n for n, _ in sparse], self.process_group, len(plan)
+        )
         self.reducer = Reducer(
             params,
             [n for n, _ in named],
@@ -172,8 +179,9 @@ class DistributedDataParallel(DDPApiMixin, nn.Module, Joinable):
             gradient_as_bucket_view=self.gradient_as_bucket_view,
             find_unused_parameters=self.find_unused_parameters,
             recorder=self.flight_recorder,
+            sparse=sparse_grads,
         )
-        self._init_logging(params)
+        self._init_logging(every)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         sync = torch.is_grad_enabled() and self.require_backward_grad_sync

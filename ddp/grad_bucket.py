@@ -54,7 +54,10 @@ class GradBucket:
         return self._is_last
 
     def gradients(self) -> list[torch.Tensor]:
-        """Per-parameter views of ``buffer()``, shaped like the parameters, in bucket order."""
+        """Per-parameter views of ``buffer()``, shaped like the parameters, in bucket order
+        (a sparse gradient's bucket holds it alone: then the buffer itself)."""
+        if self._buffer.is_sparse:
+            return [self._buffer]
         out, offset = [], 0
         for shape in self._shapes:
             n = shape.numel()

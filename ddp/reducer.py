@@ -12,8 +12,8 @@
    left, waits for every bucket, checks which parameters got no gradient anywhere, and writes
    the averaged gradients back.
 
-Who missed a parameter, without an extra collective, and the layout with a hook:
-``ddp.bucket_buffers``. Static graphs: ``ddp.static_graph``.
+Who missed a parameter, and the layout with a hook: ``ddp.bucket_buffers``. Static graphs:
+``ddp.static_graph``. Sparse gradients, reduced after the dense buckets: ``ddp.sparse``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from ddp.bucket_buffers import BucketBuffers
 from ddp.buckets import BucketSpec
 from ddp.grad_bucket import GradBucket
 from ddp.reducer_support import Recorder, ReducerSupport, is_view_of
+from ddp.sparse import SparseGrads, unexpected_grad_message
 from ddp.static_graph import StaticGraph
 
 __all__ = ["Reducer"]
@@ -54,8 +55,10 @@ class Reducer(ReducerSupport):
         gradient_as_bucket_view: bool,
         find_unused_parameters: bool,
         recorder: Recorder | None = None,
+        sparse: SparseGrads | None = None,
     ) -> None:
-        self._params = list(params)
+        self._params = list(params)  # dense ones; ``sparse`` holds the rest (ddp.sparse)
+        self._sparse = sparse
         self._names = list(names)
         self._plan = list(plan)
         self._pg = process_group
@@ -154,10 +157,11 @@ class Reducer(ReducerSupport):
                 # A parameter that took part in an earlier no_sync micro-step holds an
                 # accumulated gradient that must be reduced though this last forward skipped it.
                 self._mark_ready(i, self._params[i].grad, missing=not self._used_since_sync[i])
-            if all(self._ready):
+            if all(self._ready) and not self._sparse:
                 # No parameter is left for backward to reach (none at all, or this rank's
                 # forward used none), so no hook will fire to queue the final callback: reduce
-                # now, or the other ranks would wait for this rank's buckets forever.
+                # now, or the others would wait for our buckets forever. Not with sparse ones:
+                # they exist only after backward, and the outputs' hook queues it then.
                 self._finalize()
 
     def _on_output_grad(self, _grad: torch.Tensor) -> None:
@@ -211,13 +215,8 @@ class Reducer(ReducerSupport):
             view.zero_()
             self._flags[b][slot] = 1
             self._local_missing.append(i)
-        elif grad is None:
-            raise RuntimeError(f"gradient hook fired for {self._names[i]!r} without a gradient")
-        elif grad.is_sparse:
-            raise RuntimeError(
-                f"parameter {self._names[i]!r} has a sparse gradient, which this wrapper does "
-                "not reduce; use dense gradients (e.g. nn.Embedding(..., sparse=False))"
-            )
+        elif grad is None or grad.is_sparse:  # sparse: not an Embedding(sparse=True) weight
+            raise RuntimeError(unexpected_grad_message(self._names[i], grad))
         elif self._local_only:
             pass
         elif self._as_view and is_view_of(grad, view):
@@ -280,12 +279,13 @@ class Reducer(ReducerSupport):
                     # back until now). Its slot still has to travel with the bucket, or the
                     # other ranks would wait for this bucket forever.
                     arrived = self.static.first_iteration and self.static.fired(i)
-                    p = self._params[i]
-                    grad = p.grad if self._dist_ctx is None else self._incoming.get(i)
+                    grad = self._params[i].grad if self._dist_ctx is None else self._incoming.get(i)
                     self._mark_ready(i, grad, missing=not (arrived or self._used_since_sync[i]))
         self._launch_in_order()
         assert self._next_launch == len(self._plan), "every bucket launched exactly once"
         self._wait_all()
+        if self._sparse:  # after every dense bucket, before any error: the same order everywhere
+            self._sparse.reduce(self._div, self._hook, self._hook_state, self._dist_ctx is not None)
         missed, local_only = self._missing_counts()
         if missed and not (self._find_unused or self.static.enabled):
             raise RuntimeError(self._unused_message(missed, local_only))

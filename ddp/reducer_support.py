@@ -101,6 +101,8 @@ class ReducerSupport:
         if self._hook is not None and self._needs_global_counts():
             assert shadow.flag_store is not None
             dist.all_reduce(shadow.flag_store, group=self._pg)
+        if self._sparse:  # last, as in Reducer._finalize
+            self._sparse.shadow(self._hook, self._hook_state)
 
     def _init_stats(self) -> None:
         # perf_counter() stamps of the last synchronised backward, for timelines and logging
