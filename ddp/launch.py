@@ -6,6 +6,7 @@ its module path, which ``python -m ddp``'s ``__main__`` does not have.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import shutil
@@ -30,6 +31,10 @@ def _child(
 ) -> None:
     # Ranks share the host's cores; intra-op threads of 4 ranks on 2 cores would fight.
     os.environ["OMP_NUM_THREADS"] = "1"
+    # Before any process group exists: imported later (torch.optim and torch's DDP do it
+    # lazily), torch._dynamo keeps the group, and gloo's threads, alive into interpreter
+    # shutdown, where they abort the process now and then (see ddp.train.run_rank).
+    importlib.import_module("torch._dynamo")
     result = fn(Rendezvous(rank=rank, world_size=world, init_method=init), *args)
     results.put((rank, result))
     if isinstance(result, RankExit) and result.code >= 2:
