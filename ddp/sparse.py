@@ -85,7 +85,7 @@ class SparseGrads:
         if not self._params or (self._world == 1 and hook is None):
             return
         if dist_autograd:
-            raise RuntimeError(
+            raise NotImplementedError(
                 f"parameter {self._names[0]!r} has a sparse gradient, which this wrapper does not "
                 "reduce under torch.distributed.autograd"
             )

@@ -31,6 +31,8 @@ Outcome = dict[str, object]
 
 _DDP_DIR = str(Path(ddp.__file__).resolve().parent)
 _KWARG = re.compile(r"\b(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'")
+# ddp's own wording for an argument neither torch's DDP nor ddp knows
+_UNKNOWN = re.compile(r"\b(\w+) got an unknown argument (\w+)=")
 _POSITIONAL = re.compile(r"\b(\w+)\.__init__\(\) takes \d+ positional arguments? but \d+")
 _ATTR = re.compile(r"'(\w+)' object has no attribute '(\w+)'")
 _FILE = re.compile(r'File "([^"]+)", line \d+')
@@ -86,7 +88,7 @@ def _refusal(e: BaseException, ours: set[str]) -> str | None:
     if isinstance(e, NotImplementedError) and _raised_in_ddp(e):
         return msg.splitlines()[0] if msg else type(e).__name__
     if isinstance(e, TypeError):
-        m = _KWARG.search(msg)
+        m = _KWARG.search(msg) or _UNKNOWN.search(msg)
         if m and m.group(1) in ours:
             return f"{m.group(2)}="
         m = _POSITIONAL.search(msg)
