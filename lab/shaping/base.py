@@ -15,7 +15,7 @@ import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from lab.shaping.impair import Impairments
 
@@ -28,6 +28,7 @@ __all__ = [
     "background",
     "check",
     "node_path",
+    "nodes_of",
     "run_local",
 ]
 
@@ -127,3 +128,14 @@ class Shaper(ABC):
         with contextlib.ExitStack() as undo:
             self.steps(node, peers, undo)
             yield
+
+
+def nodes_of(cluster: Any) -> list[Node]:
+    """The shaping view of a started :class:`lab.engine.cluster.Cluster`: each node's name,
+    a runner that execs into its container, and its address on the run's network."""
+    return [
+        Node(
+            n.name, (lambda argv, i=n.index: cluster.exec(i, list(argv))), cluster.address(n.index)
+        )
+        for n in cluster.nodes
+    ]

@@ -14,19 +14,10 @@ from lab.engine.client import LabError
 from lab.engine.cluster import Cluster
 from lab.experiments.latency.plan import LatencyPlan
 from lab.experiments.latency.result import LinkReport
-from lab.shaping.base import LinkMismatch, Node, ShapingError
+from lab.shaping.base import LinkMismatch, ShapingError, nodes_of
 from lab.shaping.link import shaped
 
 __all__ = ["link"]
-
-
-def _nodes(cluster: Cluster) -> list[Node]:
-    return [
-        Node(
-            n.name, (lambda argv, i=n.index: cluster.exec(i, list(argv))), cluster.address(n.index)
-        )
-        for n in cluster.nodes
-    ]
 
 
 @contextlib.contextmanager
@@ -40,7 +31,7 @@ def link(
         return
     entered = False
     try:
-        with shaped(_nodes(cluster), ms, plan.shaper, plan.rate_mbit, max_seconds=max_seconds,
+        with shaped(nodes_of(cluster), ms, plan.shaper, plan.rate_mbit, max_seconds=max_seconds,
                     node_ms=dict(plan.node_ms), impair=plan.impair) as rep:  # fmt: skip
             entered = True
             yield LinkReport(

@@ -12,19 +12,10 @@ from collections.abc import Iterator
 from lab.engine.client import LabError
 from lab.engine.cluster import Cluster
 from lab.experiments.straggler.plan import StragglerPlan
-from lab.shaping.base import LinkMismatch, Node, ShapingError
+from lab.shaping.base import LinkMismatch, ShapingError, nodes_of
 from lab.shaping.link import shaped
 
 __all__ = ["slow_link"]
-
-
-def _nodes(cluster: Cluster) -> list[Node]:
-    return [
-        Node(
-            n.name, (lambda argv, i=n.index: cluster.exec(i, list(argv))), cluster.address(n.index)
-        )
-        for n in cluster.nodes
-    ]
 
 
 @contextlib.contextmanager
@@ -32,7 +23,7 @@ def slow_link(cluster: Cluster, plan: StragglerPlan, max_seconds: float) -> Iter
     """Shape the straggler's link, yield the probe's line (asked vs measured), undo."""
     entered = False
     try:
-        with shaped(_nodes(cluster), 0.0, plan.shaper, node_ms={plan.node: plan.slow_link_ms},
+        with shaped(nodes_of(cluster), 0.0, plan.shaper, node_ms={plan.node: plan.slow_link_ms},
                     max_seconds=max_seconds, impair=plan.impair) as rep:  # fmt: skip
             entered = True
             yield (f"{rep.note}\n" if rep.note else "") + rep.line()
