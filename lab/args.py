@@ -19,6 +19,7 @@ __all__ = [
     "add_impairments",
     "add_run_timeout",
     "add_train_flags",
+    "check_timeouts",
     "float_list",
     "impairments",
     "node_value",
@@ -173,3 +174,16 @@ def add_train_flags(
     ``fields`` (the parsed namespace's attributes, for ``config_from_args``)."""
     add_train_arguments(_Only(p, {flag_of(f) for f in fields}), GROUPS, defaults=defaults)  # type: ignore[arg-type]
     return list(fields)
+
+
+def check_timeouts(collective_timeout_s: float, run_timeout_s: float, what: str) -> None:
+    """A plan's two timeouts must nest: a rank that lost a peer gives up (and says which peer)
+    before lab stops ``what`` (a configuration, a job). ValueError naming both flags."""
+    if not run_timeout_s > 0:
+        raise ValueError(f"--run-timeout must be > 0 seconds, got {run_timeout_s!r}")
+    if not collective_timeout_s < run_timeout_s:
+        raise ValueError(
+            f"--collective-timeout {collective_timeout_s:g} must be below --run-timeout "
+            f"{run_timeout_s:g}: a rank that lost a peer must give up (and say which peer) "
+            f"before lab stops the {what}; lower --collective-timeout or raise --run-timeout"
+        )

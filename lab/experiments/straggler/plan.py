@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddp.config import TrainConfig
+from lab.args import check_timeouts
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE
 from lab.shaping.impair import Impairments
@@ -107,15 +108,7 @@ class StragglerPlan:
                 f"connection set-up), got --steps {self.train.steps}; raise --steps or lower "
                 "--warmup"
             )
-        if not self.run_timeout_s > 0:
-            raise ValueError(f"--run-timeout must be > 0 seconds, got {self.run_timeout_s!r}")
-        if not self.train.collective_timeout_s < self.run_timeout_s:
-            raise ValueError(
-                f"--collective-timeout {self.train.collective_timeout_s:g} must be below "
-                f"--run-timeout {self.run_timeout_s:g}: a rank that lost a peer must give up "
-                "(and say which peer) before lab stops the job; lower --collective-timeout or "
-                "raise --run-timeout"
-            )
+        check_timeouts(self.train.collective_timeout_s, self.run_timeout_s, "job")
         self.train.local_batch(self.nodes)  # the global batch must split over the ranks
 
     @property
