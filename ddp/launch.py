@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch.multiprocessing as mp
@@ -85,6 +86,10 @@ def spawn_ranks(
                 p.kill()
             p.join(timeout=5)
         shutil.rmtree(tmp, ignore_errors=True)
+        # torch's spawn leaves a pickled traceback in /tmp for every rank that raised.
+        for path in getattr(procs, "error_files", ()):
+            if path:
+                Path(path).unlink(missing_ok=True)
 
 
 def _train_rank(rdzv: Rendezvous, cfg: TrainConfig) -> RankExit:
