@@ -6,6 +6,7 @@ its module path, which ``python -m ddp``'s ``__main__`` does not have.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 import os
@@ -37,6 +38,10 @@ def _child(
     # shutdown, where they abort the process now and then (see ddp.train.run_rank).
     importlib.import_module("torch._dynamo")
     result = fn(Rendezvous(rank=rank, world_size=world, init_method=init), *args)
+    # What fn built may still hold its process group through reference cycles (a wrapper's
+    # hooks, a Join context): collect them now, so gloo's threads stop before interpreter
+    # shutdown instead of aborting it ("terminate called without an active exception").
+    gc.collect()
     results.put((rank, result))
     if isinstance(result, RankExit) and result.code >= 2:
         # Exit as failed, so that torch's spawn ends the peers now instead of letting them

@@ -4,6 +4,7 @@ verdict per case, as in tests/test_ddp_multirank.py."""
 
 from __future__ import annotations
 
+import gc
 import importlib
 import traceback
 
@@ -44,6 +45,7 @@ def run_cases(rdzv: Rendezvous, module: str, names: list[str]) -> dict[str, str]
                 out[name] = traceback.format_exc()
             dist.barrier()
     finally:
+        gc.collect()  # the cases' wrappers hold the group through cycles: free them first
         dist.destroy_process_group()
     return out
 
