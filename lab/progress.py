@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from tqdm import tqdm
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "follow_steps"]
 
 
 class Progress:
@@ -63,3 +63,17 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def follow_steps(progress: Progress) -> Callable[[object], None]:
+    """A job's ``echo`` that moves ``progress`` with rank 0's step records: rank 0 waits for
+    every rank in each step, so its steps are the job's. ``record.rank``, not the line's rank
+    label: under torchrun a node's stream carries several ranks."""
+    from ddp.records import StepRecord  # torch-free; lazily, to keep this module plain
+
+    def follow(event: object) -> None:
+        record = getattr(event, "record", None)
+        if isinstance(record, StepRecord) and record.rank == 0:
+            progress.update(record.step)
+
+    return follow

@@ -12,8 +12,8 @@ from ddp.records import EndRecord, StepRecord
 from lab.engine.client import NodeFailed, RunTimeout
 from lab.engine.events import LineEvent, RecordEvent
 from lab.experiments.latency.plan import LatencyPlan
-from lab.experiments.latency.sweep import _check_finished, _follow
-from lab.progress import Progress
+from lab.experiments.latency.sweep import _check_finished
+from lab.progress import Progress, follow_steps
 
 RUN = Path("runs/r1")
 PLANNED = LatencyPlan(caps=(1,)).jobs(5.0)[1]  # cap 1 MB, overlap on, round 1
@@ -61,7 +61,7 @@ def test_ranks_still_running_are_a_timeout():
 def test_progress_follows_rank_0s_steps_only():
     lines: list[str] = []
     progress = Progress(6, enabled=True, every_s=0.0, echo=lines.append)
-    follow = _follow(progress)
+    follow = follow_steps(progress)
     step = StepRecord(0, 1, 1.0, 1.0, 10.0, 1.0)
     follow(RecordEvent(0.0, 1, 1, StepRecord(1, 4, 1.0, 1.0, 10.0, 1.0)))  # another rank
     follow(LineEvent(0.0, 0, 0, "step 5 loss ..."))  # text is never read

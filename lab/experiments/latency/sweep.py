@@ -14,36 +14,22 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ddp.records import EndRecord, RankLog, StepRecord
+from ddp.records import EndRecord, RankLog
 from lab.engine.client import NodeFailed, RunTimeout, connect
 from lab.engine.cluster import Cluster
-from lab.engine.events import Event, RecordEvent
 from lab.engine.job import Job
 from lab.experiments.latency.console import describe
 from lab.experiments.latency.link import link
 from lab.experiments.latency.plan import LatencyPlan, Planned
 from lab.experiments.latency.result import ConfigRun, SweepResult
 from lab.experiments.latency.stats import summarize
-from lab.progress import Progress
+from lab.progress import Progress, follow_steps
 from lab.words import count
 
 __all__ = ["run_sweep"]
 
 _FAIL_GRACE_S = 10.0  # after a rank fails, how long the others get to say what they saw
 _WAIT_SLACK_S = 30.0  # the launcher ends ranks at --run-timeout; the host waits this much more
-
-
-def _follow(progress: Progress) -> Callable[[Event], None]:
-    def follow(event: Event) -> None:
-        # Rank 0's steps: the job is as far as its slowest rank, and rank 0 waits for all.
-        if (
-            isinstance(event, RecordEvent)
-            and event.rank == 0
-            and isinstance(event.record, StepRecord)
-        ):
-            progress.update(event.record.step)
-
-    return follow
 
 
 def _ended(job: Job, rank: int) -> bool:
@@ -79,7 +65,7 @@ def _run_config(
     started = time.monotonic()
     progress = Progress(p.train.steps, enabled=plan.progress, echo=echo)
     try:
-        job = cluster.train(p.job, p.train, plan.run_timeout_s, echo=_follow(progress))
+        job = cluster.train(p.job, p.train, plan.run_timeout_s, echo=follow_steps(progress))
         running = job.wait(plan.run_timeout_s + _WAIT_SLACK_S, fail_grace_s=_FAIL_GRACE_S)
     finally:
         progress.close()

@@ -15,17 +15,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddp.records import StepRecord
 from lab.engine.client import NodeFailed, RunTimeout, connect
 from lab.engine.cluster import Cluster
-from lab.engine.events import Event, RecordEvent
 from lab.experiments.straggler.plan import (
     BASELINE_JOB,
     CPU_PERIOD_US,
     SLOWED_JOB,
     StragglerPlan,
 )
-from lab.progress import Progress
+from lab.progress import Progress, follow_steps
 
 __all__ = ["JobRun", "StragglerResult", "run_straggler"]
 
@@ -54,23 +52,11 @@ class StragglerResult:
         return self.run_dir / job / "logs"
 
 
-def _follow(progress: Progress) -> Callable[[Event], None]:
-    def follow(event: Event) -> None:
-        if (
-            isinstance(event, RecordEvent)
-            and event.rank == 0
-            and isinstance(event.record, StepRecord)
-        ):
-            progress.update(event.record.step)
-
-    return follow
-
-
 def _run_job(cluster: Cluster, plan: StragglerPlan, name: str, echo: Callable) -> JobRun:
     started = time.monotonic()
     progress = Progress(plan.train.steps, enabled=plan.progress, echo=echo)
     try:
-        job = cluster.train(name, plan.train, plan.run_timeout_s, echo=_follow(progress))
+        job = cluster.train(name, plan.train, plan.run_timeout_s, echo=follow_steps(progress))
         running = job.wait(plan.run_timeout_s + _WAIT_SLACK_S, fail_grace_s=_FAIL_GRACE_S)
     finally:
         progress.close()

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from ddp.parity import check_logs
-from ddp.records import ConfigRecord, StepRecord
+from ddp.records import ConfigRecord
 from lab.engine.client import NodeFailed, RunTimeout, connect
 from lab.engine.cluster import Cluster
 from lab.engine.events import Event, LineEvent, RecordEvent
@@ -24,7 +24,7 @@ from lab.engine.job import Job
 from lab.engine.specs import new_run_id
 from lab.engine.stats import ResourceSampler
 from lab.experiments.up.plan import UpPlan
-from lab.progress import Progress
+from lab.progress import Progress, follow_steps
 
 __all__ = ["JOB", "UpResult", "failure_message", "run_up"]
 
@@ -58,6 +58,8 @@ def _show(
     """Every rank's lines under one prefix (one per node under torchrun); rank 0's step records
     move the progress; set-up records tell which ranks landed on which node."""
 
+    steps = follow_steps(progress)
+
     def show(event: Event) -> None:
         if isinstance(event, RecordEvent) and isinstance(event.record, ConfigRecord):
             ranks = placement.setdefault(event.node, [])
@@ -69,9 +71,7 @@ def _show(
                 who += f"/rank{event.rank}"
             progress.write(f"[{who}] {event.text}")
             return
-        record = event.record if isinstance(event, RecordEvent) else None
-        if isinstance(record, StepRecord) and record.rank == 0:
-            progress.update(record.step)
+        steps(event)
 
     return show
 
