@@ -12,16 +12,23 @@ nothing to overlap with backward. Buckets of a few MB are the middle ground.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["FIRST_BUCKET_CAP_BYTES", "BucketSpec", "plan_buckets"]
+__all__ = [
+    "FIRST_BUCKET_CAP_BYTES",
+    "BucketSpec",
+    "plan_buckets",
+    "torch_caps",
+    "torch_initial_plan",
+]
 
 # The first bucket to fill (the last layers, whose gradients backward produces first) is kept
 # small so its allreduce can start early and hide behind the rest of backward; torch's reducer
-# makes the same choice.
+# makes the same choice when the cap is left at its default (``torch_caps``).
 FIRST_BUCKET_CAP_BYTES = 1 << 20
 
 
@@ -46,13 +53,16 @@ def plan_buckets(
     first_cap_bytes: int | None = FIRST_BUCKET_CAP_BYTES,
     *,
     close_at_cap: bool = False,
+    order: Sequence[int] | None = None,
 ) -> list[BucketSpec]:
     """Group ``params`` into buckets of at most ``cap_bytes``, in launch order.
 
-    Parameters are visited in reverse registration order, which approximates the order backward
-    produces their gradients (the last layer's first). Each (dtype, device) pair has its own open
-    bucket, since a flat buffer has one dtype. A bucket closes when the next parameter would push
-    it over the cap; a single parameter larger than the cap gets a bucket of its own.
+    Parameters are visited in ``order`` (indices into ``params``), by default reverse
+    registration order, which approximates the order backward produces their gradients (the
+    last layer's first); ``ddp.bucket_rebuild`` passes the order they really arrived in. Each
+    (dtype, device) pair has its own open bucket, since a flat buffer has one dtype. A bucket
+    closes when the next parameter would push it over the cap; a single parameter larger than
+    the cap gets a bucket of its own.
     ``cap_bytes == 0`` gives one bucket per parameter tensor (the naive baseline).
     The first bucket of each (dtype, device) uses ``min(cap_bytes, first_cap_bytes)``.
 
@@ -62,7 +72,7 @@ def plan_buckets(
     the 1 MB first cap, the default rule leaves the bias alone in it (an allreduce that hides
     nothing), while torch's carries the whole last layer and overlaps the rest of backward.
 
-    Buckets are returned in the order of their first parameter in that reverse walk, which is the
+    Buckets are returned in the order of their first parameter in that walk, which is the
     order in which they will fill during backward, and the order every rank must launch them in.
     """
     if cap_bytes < 0:
@@ -70,7 +80,7 @@ def plan_buckets(
     open_: dict[tuple[torch.dtype, torch.device], list[int]] = {}
     open_bytes: dict[tuple[torch.dtype, torch.device], int] = {}
     closed_count: dict[tuple[torch.dtype, torch.device], int] = {}
-    # (position of the bucket's first parameter in the reverse walk, indices)
+    # (position of the bucket's first parameter in the walk, indices)
     done: list[tuple[int, list[int]]] = []
     first_pos: dict[tuple[torch.dtype, torch.device], int] = {}
 
@@ -79,7 +89,10 @@ def plan_buckets(
         open_bytes.pop(key)
         closed_count[key] = closed_count.get(key, 0) + 1
 
-    for pos, i in enumerate(reversed(range(len(params)))):
+    walk = list(reversed(range(len(params)))) if order is None else list(order)
+    if sorted(walk) != list(range(len(params))):
+        raise ValueError(f"order must be a permutation of range({len(params)}), got {walk}")
+    for pos, i in enumerate(walk):
         p = params[i]
         key = (p.dtype, p.device)
         size = p.numel() * p.element_size()
@@ -107,3 +120,31 @@ def plan_buckets(
         )
         for _, idx in done
     ]
+
+
+def torch_caps(bucket_cap_mb: float | None) -> tuple[int, int]:
+    """(first bucket's cap, every other bucket's cap) in bytes, by torch 2.13's rule: the
+    small 1 MB first bucket only when ``bucket_cap_mb`` is left at its default (None, 25 MB);
+    an explicit cap applies to every bucket."""
+    if bucket_cap_mb is None:
+        return FIRST_BUCKET_CAP_BYTES, 25 << 20
+    cap = int(bucket_cap_mb * (1 << 20))
+    return cap, cap
+
+
+def torch_initial_plan(
+    params: Sequence[torch.Tensor], caps: tuple[int, int], *, one_bucket: bool
+) -> list[BucketSpec]:
+    """torch DDP's construction-time plan, which ``DistributedDataParallel`` uses until its
+    rebuild (``ddp.bucket_rebuild``), so that ``bucket_sizes`` and per-bucket hook state match
+    torch's. ``one_bucket`` (torch: unless ``find_unused_parameters`` without a static graph):
+    a single bucket per dtype for the first iteration, since registration order may not be
+    the order gradients arrive, and a bucket launched early on one rank could pair with
+    another collective that backward issues on another (the rebuild then buckets by the real
+    order). Otherwise buckets are filled in registration order by the close-at-cap rule, the
+    first cap on the first-defined parameters, and launched in reverse: the small bucket is
+    the last to launch, so the allreduce left exposed after backward ends is short."""
+    first, cap = caps
+    if one_bucket:
+        first = cap = sys.maxsize
+    return plan_buckets(params, cap, first, close_at_cap=True, order=range(len(params)))[::-1]

@@ -110,16 +110,32 @@ class DDPApiMixin:
 
     # ---- logging data --------------------------------------------------------------------
 
-    def _init_logging(self, params: Sequence[torch.Tensor]) -> None:
+    def _rebuild_buckets(self) -> bool:
+        """torch's ``reducer._rebuild_buckets()``: once, before a synchronised forward, the
+        buckets are re-planned in the order gradients arrived (see ``ddp.bucket_rebuild``)."""
+        if not self.reducer.rebuild_due():
+            return False
+        with self._recorded("rebuild_buckets", step=self.reducer.step):
+            self.reducer.rebuild_buckets()
+        self._logging.on_rebuild(self.reducer)
+        return True
+
+    def _init_logging(
+        self, params: Sequence[torch.Tensor], reduced: Sequence[torch.Tensor]
+    ) -> None:
+        """``params``: every parameter that requires grad (torch's indices in the logging
+        data); ``reduced``: the reducer's (dense) ones, in its order."""
         settings = {
             "bucket_cap_bytes": int(self.bucket_cap_mb * (1 << 20)),
             "find_unused_parameters": int(self.find_unused_parameters),
             "gradient_as_bucket_view": int(self.gradient_as_bucket_view),
             "broadcast_buffers": int(self.forward_sync_buffers),
         }
+        position = {id(p): k for k, p in enumerate(params)}
         self._logging = DDPLoggingData(
             self.module, params, self.reducer.bucket_sizes, self.process_group, settings
         )
+        self._logging.param_index = [position[id(p)] for p in reduced]
 
     def _get_ddp_logging_data(self) -> dict[str, str | int]:
         """torch's logging data: settings, bucket sizes, hook, join and sampled timings (ns)."""

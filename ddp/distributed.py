@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable
 
-from ddp.buckets import plan_buckets
+from ddp.buckets import torch_caps, torch_initial_plan
 from ddp.comm import broadcast_coalesced, verify_same_shapes
 from ddp.ddp_api import DDPApiMixin, dist_autograd_context, reached_params
 from ddp.join import agree_on_forward, sync_buffers_from
@@ -52,9 +52,12 @@ class DistributedDataParallel(DDPApiMixin, nn.Module, Joinable):
             through them. ``False`` skips both (torch 2.13's meaning).
         init_sync: check that every rank built the same model and broadcast rank 0's state.
         process_group: the group to average over (``None``: the default group).
-        bucket_cap_mb: bucket size cap (default 25). Larger buckets mean fewer allreduce calls
-            (each pays a latency floor); smaller ones start communicating earlier. ``0``: one
-            allreduce per parameter tensor, the naive baseline.
+        bucket_cap_mb: bucket size cap (default None: 25, with a 1 MB first bucket). Larger
+            buckets mean fewer allreduce calls (each pays a latency floor); smaller ones start
+            communicating earlier. ``0``: one allreduce per parameter tensor, the naive
+            baseline. As in torch, the first iteration runs with one bucket (unless
+            ``find_unused_parameters``) and the buckets are rebuilt by these caps in the order
+            gradients arrived (``ddp.bucket_rebuild``).
         find_unused_parameters: walk the autograd graph after each forward to find parameters
             this rank did not use; they contribute zeros. Costs a graph walk per forward.
         gradient_as_bucket_view: make ``.grad`` a view into the flat buckets, saving one
@@ -101,8 +104,7 @@ class DistributedDataParallel(DDPApiMixin, nn.Module, Joinable):
             )
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
-        bucket_cap_mb = 25.0 if bucket_cap_mb is None else bucket_cap_mb
-        if not bucket_cap_mb >= 0:  # also rejects NaN
+        if bucket_cap_mb is not None and not bucket_cap_mb >= 0:  # also rejects NaN
             raise ValueError(f"bucket_cap_mb must be >= 0, got {bucket_cap_mb}")
         refuse_unsupported(torch_only)
         if not any(p.requires_grad for p in module.parameters()):
@@ -115,7 +117,9 @@ class DistributedDataParallel(DDPApiMixin, nn.Module, Joinable):
         self.device_ids, self.output_device, self.dim = None, None, dim
         self.device = next(p for p in module.parameters() if p.requires_grad).device
         self.process_group = process_group
-        self.bucket_cap_mb = bucket_cap_mb
+        self.bucket_cap_mb = 25.0 if bucket_cap_mb is None else bucket_cap_mb
+        self._bucket_caps = torch_caps(bucket_cap_mb)
+        self._static_at_init = static_graph
         self.find_unused_parameters = find_unused_parameters
         # torch 2.13: broadcast_buffers (default True) governs construction and forward;
         # forward_sync_buffers, when given, governs the forward and construction always syncs.
@@ -165,7 +169,8 @@ class DistributedDataParallel(DDPApiMixin, nn.Module, Joinable):
         # Sparse-gradient parameters stay out of the dense buckets (ddp.sparse).
         named, sparse = split_sparse(self.module, named)
         params = [p for _, p in named]
-        plan = plan_buckets(params, int(self.bucket_cap_mb * (1 << 20)), close_at_cap=True)
+        one_bucket = self._static_at_init or not self.find_unused_parameters
+        plan = torch_initial_plan(params, self._bucket_caps, one_bucket=one_bucket)
         self._param_index = {p: i for i, p in enumerate(params)}
         sparse_grads = SparseGrads(
             [p for _, p in sparse], [n for n, _ in sparse], self.process_group, len(plan)
@@ -175,13 +180,14 @@ class DistributedDataParallel(DDPApiMixin, nn.Module, Joinable):
             [n for n, _ in named],
             plan,
             self.process_group,
+            caps=self._bucket_caps,
             overlap=self.overlap,
             gradient_as_bucket_view=self.gradient_as_bucket_view,
             find_unused_parameters=self.find_unused_parameters,
             recorder=self.flight_recorder,
             sparse=sparse_grads,
         )
-        self._init_logging(every)
+        self._init_logging(every, params)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         sync = torch.is_grad_enabled() and self.require_backward_grad_sync
@@ -205,6 +211,8 @@ class DistributedDataParallel(DDPApiMixin, nn.Module, Joinable):
                 sync_buffers_from(self, src)
         elif bcast:
             sync_buffers_from(self, 0)
+        if sync:
+            self._rebuild_buckets()
         out = self.module(*args, **kwargs)
         if sync:
             unused: list[int] = []

@@ -8,7 +8,8 @@ a rank that still has inputs issues, in this order:
 2. ``agree_on_forward``: one MAX-allreduce of ``[sync backward?, broadcast buffers?, rank]``:
    joined ranks learn what to shadow, and everyone learns which rank's buffers to broadcast
    (the highest rank still training: rank 0 may have joined and hold stale buffers).
-3. The buffer broadcast, if any; then backward's bucket collectives.
+3. The buffer broadcast, if any; the bucket rebuild's broadcast, once (``ddp.bucket_rebuild``);
+   then backward's bucket collectives.
 
 A joined rank's ``main_hook`` (called by Join once per iteration of the others) mirrors 2 and 3,
 contributing zero gradients (and zero "no gradient here" counts, so a count equal to the number
@@ -68,6 +69,7 @@ class DDPJoinHook(JoinHook):
         if bcast:
             sync_buffers_from(ddp, src)
         if sync:
+            ddp._rebuild_buckets()  # when the training ranks do (ddp.bucket_rebuild)
             with ddp._recorded("join_shadow_backward", step=ddp.reducer.step):
                 ddp.reducer.shadow_backward()
 

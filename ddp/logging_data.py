@@ -67,7 +67,7 @@ class DDPLoggingData:
             "dtypes": ", ".join(sorted({_DTYPE_NAMES.get(p.dtype, str(p.dtype)) for p in params})),
             "bucket_sizes": ", ".join(str(s) for s in bucket_sizes),
             "has_sync_bn": int(any(isinstance(m, nn.SyncBatchNorm) for m in module.modules())),
-            "has_rebuilt_buckets": 0,  # this reducer keeps its plan; see ddp.buckets
+            "has_rebuilt_buckets": 0,  # until the reducer rebuilds (ddp.bucket_rebuild)
             "iteration": 0,
             **settings,
             **{key: os.environ.get(var, "N/A") for key, var in _ENV_KEYS.items()},
@@ -75,6 +75,7 @@ class DDPLoggingData:
         if self.data["backend_name"] == "gloo":
             self.data["gloo_num_threads"] = 2  # ProcessGroupGloo's default, as torch logs it
         self.sample_rate = 100
+        self.param_index: list[int] | None = None  # reducer index -> index in ``params``
         self.iterations = 0  # synchronised forwards started
         self._samples = 0
         self._forward_start = 0.0
@@ -104,8 +105,23 @@ class DDPLoggingData:
         if k > 0 and (k <= _ALWAYS_SAMPLED or k % self.sample_rate == 0):
             self._record(k, reducer.last_stamps)
             self.data["unused_parameter_size"] = reducer.last_unused_bytes
+            if reducer.last_ready_order:
+                order = self._indices(reducer.last_ready_order)
+                self.data["prev_iteration_grad_ready_order_indices"] = ", ".join(order)
         self.iterations = k + 1
         self._forward_start = time.perf_counter()
+
+    def on_rebuild(self, reducer: Any) -> None:
+        """After the reducer rebuilt its buckets: torch's ``rebuilt_*`` keys (sizes in bytes,
+        and each bucket's parameter indices, space-separated, buckets comma-separated)."""
+        self.data["has_rebuilt_buckets"] = 1
+        self.data["rebuilt_bucket_sizes"] = ", ".join(str(s) for s in reducer.bucket_sizes)
+        per_bucket = [" ".join(self._indices(spec.indices)) for spec in reducer.plan]
+        self.data["rebuilt_per_bucket_param_indices"] = ", ".join(per_bucket)
+
+    def _indices(self, indices: Sequence[int]) -> list[str]:
+        index = self.param_index
+        return [str(i if index is None else index[i]) for i in indices]
 
     def _record(self, k: int, s: dict[str, float]) -> None:
         spans = {

@@ -79,6 +79,7 @@ class StepRecord(Record):
     t0: float | None = None
     backward_ms: list[float] | None = None
     buckets_ms: list[list[float]] | None = None
+    num_buckets: int | None = None  # allreduce calls this step (the plan is rebuilt after step 1)
     ref_loss: float | None = None  # rank 0 only: the single-process reference
     ref_checksum: float | None = None
     max_param_diff: float | None = None

@@ -13,7 +13,8 @@
    the averaged gradients back.
 
 Who missed a parameter, and the layout with a hook: ``ddp.bucket_buffers``. Static graphs:
-``ddp.static_graph``. Sparse gradients, reduced after the dense buckets: ``ddp.sparse``.
+``ddp.static_graph``. Sparse gradients, reduced after the dense buckets: ``ddp.sparse``. The plan
+rebuilt once in the order gradients really arrive: ``ddp.bucket_rebuild``.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import torch.distributed as dist
 from torch.autograd import Variable
 
 from ddp.bucket_buffers import BucketBuffers
+from ddp.bucket_rebuild import BucketRebuild
 from ddp.buckets import BucketSpec
-from ddp.grad_bucket import GradBucket
 from ddp.reducer_support import Recorder, ReducerSupport, is_view_of
 from ddp.sparse import SparseGrads, unexpected_grad_message
 from ddp.static_graph import StaticGraph
@@ -36,12 +37,13 @@ from ddp.static_graph import StaticGraph
 __all__ = ["Reducer"]
 
 
-class Reducer(ReducerSupport):
+class Reducer(BucketRebuild, ReducerSupport):
     """Bucketed, optionally overlapped gradient averaging for a fixed list of parameters.
 
-    The bucket plan must be identical on every rank (see ``ddp.buckets.plan_buckets``): ranks
-    launch bucket collectives strictly in plan order, which is what keeps gloo's pairing of
-    collectives consistent even when gradients become ready in a different order on each rank.
+    The bucket plan must be identical on every rank (see ``ddp.buckets``; a rebuild reuses its
+    ``caps``, the first bucket's and the others'): ranks launch bucket collectives strictly in
+    plan order, which keeps gloo's pairing of collectives consistent even when gradients become
+    ready in a different order on each rank.
     """
 
     def __init__(
@@ -51,6 +53,7 @@ class Reducer(ReducerSupport):
         plan: Sequence[BucketSpec],
         process_group: dist.ProcessGroup | None,
         *,
+        caps: tuple[int, int],
         overlap: bool,
         gradient_as_bucket_view: bool,
         find_unused_parameters: bool,
@@ -91,6 +94,7 @@ class Reducer(ReducerSupport):
             self._buf.adopt_grads(self._params)
         self._reset_iteration()
         self._init_stats()
+        self._init_rebuild(caps)
         self._expect_backward = False
         self._used_since_sync = [False] * len(self._params)
         self._stash: dict[int, torch.Tensor] = {}
@@ -141,6 +145,7 @@ class Reducer(ReducerSupport):
             )
         self._reset_iteration()
         self.static.reset_iteration()
+        self._ready_order = []
         for flags in self._flags:
             flags.zero_()
         self._local_missing = []
@@ -193,6 +198,7 @@ class Reducer(ReducerSupport):
                 "backward per forward, or construct with static_graph=True if the graph is the "
                 "same every iteration."
             )
+        self._ready_order.append(i)
         grad = self._params[i].grad if self._dist_ctx is None else self._incoming[i]
         if torch.is_grad_enabled():  # backward(create_graph=True) runs hooks in grad mode
             with torch.no_grad():
@@ -225,7 +231,9 @@ class Reducer(ReducerSupport):
             if self._div != 1:
                 view.div_(self._div)
         else:
-            torch.div(grad, self._div, out=view)
+            # torch's arithmetic: multiply by the reciprocal while copying in (one pass), so
+            # results are bitwise torch's also where 1/world is inexact (e.g. 3 ranks).
+            torch.mul(grad, 1.0 / self._div, out=view)
             if self._as_view and self._dist_ctx is None:
                 self._params[i].grad = view
         self._ready[i] = True
@@ -244,29 +252,7 @@ class Reducer(ReducerSupport):
                 self._launch_t[b] = self._done_t[b] = time.perf_counter()
                 self._next_launch += 1
                 continue
-            flat = self._flats[b]
-            seq = None
-            op = "allreduce" if self._hook is None else "comm_hook"
-            if self.recorder is not None:
-                seq = self.recorder.start(
-                    op, step=self.step, bucket=b, nbytes=flat.numel() * flat.element_size()
-                )
-            self._launch_t[b] = time.perf_counter()
-            if self._hook is None:
-                work = self._pg_obj.allreduce([flat])
-            else:
-                last = b == len(self._plan) - 1
-                work = self._hook(
-                    self._hook_state, GradBucket(b, flat, last, self._bucket_params[b])
-                )
-            if self.recorder is not None:
-                # Runs on gloo's thread when the collective really finishes (not when we get
-                # around to waiting), so the timeline shows how much of it hid behind
-                # backward. It needs the GIL on that thread, which can delay the next bucket
-                # by a little, so only instrumented runs pay for it.
-                fut = work.get_future() if self._hook is None else work
-                fut.add_done_callback(functools.partial(self._on_done, b, seq))
-            self._works[b] = work
+            self._works[b] = self._start_bucket(b)
             self._next_launch += 1
 
     def _finalize(self) -> None:
@@ -285,7 +271,7 @@ class Reducer(ReducerSupport):
         assert self._next_launch == len(self._plan), "every bucket launched exactly once"
         self._wait_all()
         if self._sparse:  # after every dense bucket, before any error: the same order everywhere
-            self._sparse.reduce(self._div, self._hook, self._hook_state, self._dist_ctx is not None)
+            self._sparse.reduce(self._div, self._hook, self._hook_state, self._dist_ctx)
         missed, local_only = self._missing_counts()
         if missed and not (self._find_unused or self.static.enabled):
             raise RuntimeError(self._unused_message(missed, local_only))
@@ -297,3 +283,4 @@ class Reducer(ReducerSupport):
         self._stash.clear()
         self._incoming.clear()
         self._used_since_sync = [False] * len(self._params)
+        self._count_synced_backward(self._ready_order)

@@ -9,6 +9,7 @@ once per bucket or per iteration, not once per parameter.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -17,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ddp.bucket_buffers import BucketBuffers
+from ddp.buckets import BucketSpec
 from ddp.grad_bucket import GradBucket, hook_result
 
 __all__ = ["Recorder", "ReducerSupport", "is_view_of"]
@@ -103,6 +105,7 @@ class ReducerSupport:
             dist.all_reduce(shadow.flag_store, group=self._pg)
         if self._sparse:  # last, as in Reducer._finalize
             self._sparse.shadow(self._hook, self._hook_state)
+        self._count_synced_backward([])  # no order of its own: rank 0's (or the default) rules
 
     def _init_stats(self) -> None:
         # perf_counter() stamps of the last synchronised backward, for timelines and logging
@@ -120,6 +123,11 @@ class ReducerSupport:
     @property
     def num_buckets(self) -> int:
         return len(self._plan)
+
+    @property
+    def plan(self) -> list[BucketSpec]:
+        """The buckets, in launch order (after a rebuild, the rebuilt ones)."""
+        return list(self._plan)
 
     @property
     def bucket_sizes(self) -> list[int]:
@@ -145,6 +153,29 @@ class ReducerSupport:
             "backward_comm_start": min(self._launch_t, default=0.0),
             "backward_comm_end": self._comm_end_t,
         }
+
+    def _start_bucket(self, b: int) -> dist.Work | torch.futures.Future:
+        """Launch bucket b's allreduce (or hand it to the comm hook), stamped and recorded."""
+        flat = self._flats[b]
+        seq = None
+        op = "allreduce" if self._hook is None else "comm_hook"
+        if self.recorder is not None:
+            nbytes = flat.numel() * flat.element_size()
+            seq = self.recorder.start(op, step=self.step, bucket=b, nbytes=nbytes)
+        self._launch_t[b] = time.perf_counter()
+        if self._hook is None:
+            work = self._pg_obj.allreduce([flat])
+        else:
+            last = b == len(self._plan) - 1
+            work = self._hook(self._hook_state, GradBucket(b, flat, last, self._bucket_params[b]))
+        if self.recorder is not None:
+            # Runs on gloo's thread when the collective really finishes (not when we get around
+            # to waiting), so the timeline shows how much of it hid behind backward. It needs
+            # the GIL on that thread, which can delay the next bucket by a little, so only
+            # instrumented runs pay for it.
+            fut = work.get_future() if self._hook is None else work
+            fut.add_done_callback(functools.partial(self._on_done, b, seq))
+        return work
 
     def _on_done(self, b: int, seq: int | None, fut: torch.futures.Future) -> None:
         self._done_t[b] = time.perf_counter()

@@ -64,7 +64,7 @@ class SparseGrads:
         self._names = list(names)
         self._pg = process_group
         self._world = dist.get_world_size(process_group)
-        self._first_index = first_index
+        self.first_index = first_index  # a bucket rebuild renumbers
 
     def __len__(self) -> int:
         return len(self._params)
@@ -75,24 +75,25 @@ class SparseGrads:
         div: int,
         hook: Callable | None = None,
         state: object = None,
-        dist_autograd: bool = False,
+        dist_autograd_context: int | None = None,
     ) -> None:
         """Average every sparse gradient across ranks, in parameter order, and make the result
-        ``.grad``. With a communication hook each one goes through ``hook(state, bucket)`` as a
-        bucket of its own whose ``buffer()`` is the sparse gradient, undivided, as torch's
-        reducer hands it (``allreduce_hook`` works on it; hooks that need a dense buffer do not,
-        on torch either). At world size 1 without a hook ``.grad`` already is the mean."""
+        ``.grad`` (under ``torch.distributed.autograd``: the context's gradient, in place, as
+        for dense ones). With a communication hook each one goes through ``hook(state,
+        bucket)`` as a bucket of its own whose ``buffer()`` is the sparse gradient, undivided,
+        as torch's reducer hands it (``allreduce_hook`` works on it; hooks that need a dense
+        buffer do not, on torch either). At world size 1 without a hook it already is the mean."""
         if not self._params or (self._world == 1 and hook is None):
             return
-        if dist_autograd:
-            raise NotImplementedError(
-                f"parameter {self._names[0]!r} has a sparse gradient, which this wrapper does not "
-                "reduce under torch.distributed.autograd"
-            )
+        context = None
+        if dist_autograd_context is not None:
+            import torch.distributed.autograd as dist_autograd
+
+            context = dist_autograd.get_gradients(dist_autograd_context)
         # One at a time, each finished before the next starts: a hook may issue follow-up
         # collectives from its callbacks, which must not interleave differently across ranks.
         for k, p in enumerate(self._params):
-            grad = p.grad
+            grad = p.grad if context is None else context.get(p)
             if grad is None:  # this rank's forward missed it: join with nothing to add
                 grad = _empty_like_sparse(p)
             elif not grad.is_sparse:
@@ -101,7 +102,10 @@ class SparseGrads:
                 # Divide as it is, before gloo coalesces and sums: torch's order of rounding.
                 grad = grad / div if hook is None else grad
             out = self._allreduce(k, grad, hook, state)
-            if p.grad is not None or out._nnz() > 0:  # no rank had any: .grad stays None
+            if context is not None:
+                if p in context:  # what DistributedOptimizer and get_gradients() read
+                    context[p].copy_(out)
+            elif p.grad is not None or out._nnz() > 0:  # no rank had any: .grad stays None
                 p.grad = out
 
     @torch.no_grad()
@@ -117,7 +121,7 @@ class SparseGrads:
             dist.all_reduce(grad, group=self._pg)
             return grad
         # Numbered after the dense buckets, which keep is_last (hooks count iterations on it).
-        bucket = GradBucket(self._first_index + k, grad, False, [self._params[k]])
+        bucket = GradBucket(self.first_index + k, grad, False, [self._params[k]])
         return hook_result(hook(state, bucket).wait(), bucket.index(), grad.numel())
 
 

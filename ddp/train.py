@@ -157,7 +157,7 @@ def _train(
     jlog.write(ConfigRecord(rank, world, ddp.num_buckets if ddp else 0, start, cfg.to_dict()))
     if ddp is not None:
         log.info(
-            f"{world} ranks, model {cfg.model}, {ddp.num_buckets} buckets "
+            f"{world} ranks, model {cfg.model}, {_buckets_text(ddp)} "
             f"(cap {cfg.bucket_cap_mb} MB), overlap {'on' if cfg.overlap else 'off'}, "
             f"global batch {cfg.batch_size}"
             + (f", comm hook {cfg.comm_hook}" if cfg.comm_hook != "none" else "")
@@ -187,6 +187,7 @@ def _train(
             timeline = {
                 "backward_ms": [(t_bw - t0) * 1e3, (tl["backward_end"] - t0) * 1e3],
                 "buckets_ms": [[(a - t0) * 1e3, (b - t0) * 1e3] for a, b in tl["buckets"]],
+                "num_buckets": ddp.num_buckets,
             }
         elif cfg.sync == "barrier":
             tb = time.perf_counter()
@@ -252,3 +253,11 @@ def _train(
         dist.barrier()
     jlog.write(EndRecord(rank, bool(holds.item()), params_sha256(module)))
     return bool(holds.item())
+
+
+def _buckets_text(ddp: DistributedDataParallel) -> str:
+    n = ddp.num_buckets
+    text = f"{n} bucket{'s' if n != 1 else ''}"
+    if ddp.reducer.rebuild_pending:
+        text += " for step 1, then rebuilt in gradient-ready order"
+    return text

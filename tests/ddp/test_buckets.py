@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ddp.buckets import FIRST_BUCKET_CAP_BYTES, plan_buckets
+from ddp.buckets import FIRST_BUCKET_CAP_BYTES, plan_buckets, torch_caps, torch_initial_plan
 
 MB = 1 << 20
 
@@ -54,3 +54,33 @@ def test_plan_is_deterministic():
 def test_negative_cap_is_rejected():
     with pytest.raises(ValueError, match="cap_bytes"):
         plan_buckets(_params(1), -1)
+
+
+def test_an_explicit_order_is_walked_as_given():
+    # the rebuilt plan: gradients arrived first-registered first
+    ps = _params(*([262144] * 4))  # 1 MB each
+    plan = plan_buckets(ps, 2 * MB, first_cap_bytes=None, order=[0, 1, 2, 3])
+    assert [b.indices for b in plan] == [(0, 1), (2, 3)]
+
+
+def test_an_order_that_is_not_a_permutation_is_rejected():
+    with pytest.raises(ValueError, match="permutation of range\\(3\\)"):
+        plan_buckets(_params(1, 2, 3), 0, order=[0, 0, 2])
+
+
+def test_torch_initial_plan_puts_the_small_bucket_last():
+    ps = _params(*([131072] * 12))  # 0.5 MB each; first cap 1 MB, cap 2 MB
+    plan = torch_initial_plan(ps, (1 * MB, 2 * MB), one_bucket=False)
+    assert [b.indices for b in plan] == [(10, 11), (6, 7, 8, 9), (2, 3, 4, 5), (0, 1)]
+
+
+def test_torch_first_iteration_is_one_bucket_per_dtype():
+    ps = [torch.empty(8), torch.empty(8, dtype=torch.float64), torch.empty(8)]
+    plan = torch_initial_plan(ps, (0, 0), one_bucket=True)
+    assert sorted(b.indices for b in plan) == [(0, 2), (1,)]
+
+
+def test_torch_caps_small_first_bucket_only_by_default():
+    assert torch_caps(None) == (FIRST_BUCKET_CAP_BYTES, 25 * MB)
+    assert torch_caps(4) == (4 * MB, 4 * MB)
+    assert torch_caps(0) == (0, 0)

@@ -218,17 +218,18 @@ CASES.update({f"named_{n}": _named(n) for n in COMM_HOOKS})
 
 
 def _powersgd_many_buckets(rank: int, world: int) -> None:
-    """Several buckets: the same layout as torch's rebuilt buckets (torch's close-at-cap rule,
-    gradient-ready order), hence PowerSGD's per-bucket state and random start agree, and the
+    """Several buckets (after the rebuild): the same layout as torch's, first and rebuilt,
+    hence PowerSGD's per-bucket state and random start agree, and the
     named hook keeps PowerSGD's chained collectives from interleaving with the next bucket's
     differently on different ranks (gloo would pair mismatched ones and abort)."""
     ours, theirs = _pair(Deep, bucket_cap_mb=0.002)
-    assert ours.num_buckets > 2
     register_named_hook(ours, "powersgd")
     register_named_hook(theirs, "powersgd")
     _train_and_compare(ours, theirs, rank)
-    key = "rebuilt_bucket_sizes"
-    assert ours._get_ddp_logging_data()["bucket_sizes"] == theirs._get_ddp_logging_data()[key]
+    assert ours.num_buckets > 2, "rebuilt by the cap after the first iteration"
+    ours_data, theirs_data = ours._get_ddp_logging_data(), theirs._get_ddp_logging_data()
+    for key in ("bucket_sizes", "rebuilt_bucket_sizes", "rebuilt_per_bucket_param_indices"):
+        assert ours_data[key] == theirs_data[key], (key, ours_data[key], theirs_data[key])
 
 
 CASES["named_powersgd_many_buckets"] = _powersgd_many_buckets

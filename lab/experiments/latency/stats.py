@@ -25,7 +25,7 @@ Logs = Mapping[int, RankLog]
 class ConfigStats:
     """What one configuration's logs say, before comparing it with the others."""
 
-    calls: int  # allreduce calls per step (the config record's num_buckets)
+    calls: int  # allreduce calls per measured step (the plan is rebuilt after step 1)
     median_step_ms: float
     median_comm_ms: float  # slowest rank's wait for allreduces after backward, median
     steps_measured: int
@@ -60,8 +60,11 @@ def summarize(runs: Sequence[tuple[str, Logs]], warmup: int) -> ConfigStats:
         configs = [log.config for log in logs.values()]
         if any(c is None for c in configs):
             raise ValueError(f"{where}: a rank log has no config record (did the rank start?)")
-        calls.update(c.num_buckets for c in configs if c is not None)
         measured = _complete_steps(logs, warmup, where)
+        counts = {r.num_buckets for recs in measured.values() for r in recs}
+        if None in counts:  # logs of a ddp that did not record it: the construction plan
+            counts = {c.num_buckets for c in configs if c is not None}
+        calls.update(n for n in counts if n is not None)
         step_ms += [max(r.step_ms for r in recs) for _, recs in sorted(measured.items())]
         comm_ms += [max(r.comm_ms for r in recs) for _, recs in sorted(measured.items())]
     if len(calls) != 1:
