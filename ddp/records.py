@@ -85,6 +85,9 @@ class ConfigRecord(Record):
     num_buckets: int
     start_step: int  # 0, or the checkpoint step a resumed run continues after
     config: dict[str, Any] = field(default_factory=dict)  # TrainConfig.to_dict()
+    # This process's id in its own pid namespace (a container's): what a fault injector
+    # signals to hit this rank, e.g. one worker of several that torchrun runs in a node.
+    pid: int | None = None
 
 
 @dataclass

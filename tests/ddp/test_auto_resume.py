@@ -51,6 +51,7 @@ def test_the_same_command_line_starts_fresh_then_resumes(tmp_path):
     assert "parity holds: 2 replicas identical after all 6 steps" in again[0], again
     killed, resumed = load_attempts(logs)[1]  # the restart keeps the killed attempt's log
     assert killed.config.start_step == 0 and killed.end is None
+    assert killed.config.pid == procs[1].pid  # what a fault injector signals to hit rank 1
     assert resumed.config.start_step == 6 and load_run(logs)[1] == resumed
     for r in (0, 1):
         assert _end_hash(logs / f"rank{r}.attempt1.jsonl") == _end_hash(
