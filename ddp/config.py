@@ -95,7 +95,11 @@ class TrainConfig:
         "fault",
     )
     log_dir: str | None = _opt(
-        None, "write per-rank JSON-lines records (rank<R>.jsonl) here", "output", metavar="DIR"
+        None,
+        "write per-rank JSON-lines records (rank<R>.jsonl; a restarted rank keeps it and writes "
+        "rank<R>.attempt<N>.jsonl) here",
+        "output",
+        metavar="DIR",
     )
     log_all_ranks: bool = _opt(False, "every rank prints (prefixed), a line per step", "output")
     emit_records: bool = _opt(

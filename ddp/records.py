@@ -10,12 +10,21 @@ progress and verdicts from data, never from the human-readable table, which may 
 One rule for a torn last line, in every reader: a run still being written, or a rank killed
 mid-write, leaves a last line without its end; it is dropped (``RankLog.torn``). A bad line
 anywhere else is corruption and raises :class:`LogError`. Torch-free.
+
+A process that finds its rank's log already there (torchrun's agent restarted the worker
+group, or a directory is reused) keeps it and writes the next attempt beside it,
+``rank<R>.attempt<N>.jsonl`` (N = 1, 2, ...; the first free one, created exclusively): each
+attempt is one file with its own torn-last-line rule. :func:`load_run` gives every rank's
+newest attempt, :func:`load_attempts` all of them, oldest first. The writer numbers the
+attempts, not torchrun: its ``TORCHELASTIC_RESTART_COUNT`` is per agent, and an agent that
+restarts its workers because another node's worker failed does not count a restart.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,12 +41,26 @@ __all__ = [
     "RecordLog",
     "StepRecord",
     "VerdictRecord",
+    "load_attempts",
     "load_run",
+    "log_name",
     "parse_record_line",
     "read_rank_log",
 ]
 
 RECORD_PREFIX = "@ddp "  # a stdout line that carries a record: "@ddp {json}"
+_LOG_NAME = re.compile(r"^rank(\d+)(?:\.attempt(\d+))?\.jsonl$")
+
+
+def log_name(rank: int, attempt: int = 0) -> str:
+    """``rank<R>.jsonl`` for a rank's first attempt, ``rank<R>.attempt<N>.jsonl`` after."""
+    return f"rank{rank}.jsonl" if attempt == 0 else f"rank{rank}.attempt{attempt}.jsonl"
+
+
+def _parse_name(name: str) -> tuple[int, int] | None:
+    """(rank, attempt) of a log file's name, or None if it is not a rank log."""
+    m = _LOG_NAME.match(name)
+    return None if m is None else (int(m.group(1)), int(m.group(2) or 0))
 
 
 class LogError(ValueError):
@@ -62,6 +85,9 @@ class ConfigRecord(Record):
     num_buckets: int
     start_step: int  # 0, or the checkpoint step a resumed run continues after
     config: dict[str, Any] = field(default_factory=dict)  # TrainConfig.to_dict()
+    # This process's id in its own pid namespace (a container's): what a fault injector
+    # signals to hit this rank, e.g. one worker of several that torchrun runs in a node.
+    pid: int | None = None
 
 
 @dataclass
@@ -142,15 +168,24 @@ def parse_record_line(text: str) -> Record | None:
 
 
 class RecordLog:
-    """The writer: ``<log_dir>/rank<R>.jsonl``, flushed per record so a killed rank leaves what
-    it did; with ``echo`` also each record as one ``@ddp`` line on stdout."""
+    """The writer: ``<log_dir>/rank<R>.jsonl`` (or the rank's next attempt, see above),
+    flushed per record so a killed rank leaves what it did; with ``echo`` also each record as
+    one ``@ddp`` line on stdout."""
 
     def __init__(self, log_dir: str | None, rank: int, echo: bool = False) -> None:
         self._f: IO[str] | None = None
         self._echo = echo
+        self.path: Path | None = None
         if log_dir:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
-            self._f = open(Path(log_dir) / f"rank{rank}.jsonl", "w")  # noqa: SIM115
+            attempt = 0
+            while self._f is None:
+                path = Path(log_dir) / log_name(rank, attempt)
+                try:
+                    self._f = open(path, "x")  # noqa: SIM115
+                    self.path = path
+                except FileExistsError:  # an earlier attempt's: keep it
+                    attempt += 1
 
     def write(self, record: Record) -> None:
         line = record.to_json()
@@ -174,6 +209,7 @@ class RankLog:
     rank: int
     records: list[Record] = field(default_factory=list)
     torn: bool = False  # the last line was cut short and dropped
+    attempt: int = 0  # 0: the rank's first log in the directory; N: rank<R>.attempt<N>.jsonl
 
     def _last(self, kind: type[Record]) -> Any:
         return next((r for r in reversed(self.records) if isinstance(r, kind)), None)
@@ -200,9 +236,13 @@ class RankLog:
 
 
 def read_rank_log(path: Path, rank: int | None = None) -> RankLog:
-    """Read one ``rank<R>.jsonl`` (see the module's rule for a torn last line)."""
+    """Read one ``rank<R>.jsonl`` or ``rank<R>.attempt<N>.jsonl`` (see the module's rule for a
+    torn last line)."""
     path = Path(path)
-    log = RankLog(rank if rank is not None else int(path.stem.removeprefix("rank")))
+    named = _parse_name(path.name)
+    if rank is None and named is None:
+        raise LogError(f"{path}: not a rank log name (rank<R>.jsonl); pass its rank")
+    log = RankLog(rank if rank is not None else named[0], attempt=named[1] if named else 0)
     lines = [(n, line) for n, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
     for i, (n, line) in enumerate(lines):
         try:
@@ -217,11 +257,20 @@ def read_rank_log(path: Path, rank: int | None = None) -> RankLog:
     return log
 
 
+def load_attempts(log_dir: Path) -> dict[int, list[RankLog]]:
+    """Every attempt of every rank in ``log_dir``, by rank, oldest first (empty: no logs)."""
+    found: dict[int, list[tuple[int, Path]]] = {}
+    for path in Path(log_dir).glob("rank*.jsonl"):
+        named = _parse_name(path.name)
+        if named is not None:
+            found.setdefault(named[0], []).append((named[1], path))
+    return {
+        rank: [read_rank_log(path, rank) for _, path in sorted(paths)]
+        for rank, paths in sorted(found.items())
+    }
+
+
 def load_run(log_dir: Path) -> dict[int, RankLog]:
-    """Every ``rank<R>.jsonl`` in ``log_dir``, by rank (empty when there is none)."""
-    logs = {}
-    for path in sorted(Path(log_dir).glob("rank*.jsonl")):
-        digits = path.stem.removeprefix("rank")
-        if digits.isdigit():
-            logs[int(digits)] = read_rank_log(path, int(digits))
-    return logs
+    """Every rank's newest attempt in ``log_dir``, by rank (empty when there is none): what a
+    run restarted by torchrun ended with."""
+    return {rank: attempts[-1] for rank, attempts in load_attempts(log_dir).items()}

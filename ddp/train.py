@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import importlib
 import logging
+import os
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -154,7 +155,8 @@ def _train(
     else:
         model = module  # --sync barrier / none: same loop, no gradient averaging
     ddp = model if isinstance(model, DistributedDataParallel) else None
-    jlog.write(ConfigRecord(rank, world, ddp.num_buckets if ddp else 0, start, cfg.to_dict()))
+    buckets = ddp.num_buckets if ddp else 0
+    jlog.write(ConfigRecord(rank, world, buckets, start, cfg.to_dict(), os.getpid()))
     if ddp is not None:
         log.info(
             f"{world} ranks, model {cfg.model}, {_buckets_text(ddp)} "

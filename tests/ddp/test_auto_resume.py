@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from ddp.config import TrainConfig, flag_of
-from ddp.records import read_rank_log
+from ddp.records import load_attempts, load_run
 from tests.ddp.test_faults import _end_hash, _wait_for_step
 from tests.helpers import finish, train_ranks
 
@@ -49,8 +49,11 @@ def test_the_same_command_line_starts_fresh_then_resumes(tmp_path):
     again = finish(train_ranks(tmp_path, 2, *auto), 90)  # exactly the same flags
     assert "resumed from" in again[0] and "(step 6)" in again[0], again
     assert "parity holds: 2 replicas identical after all 6 steps" in again[0], again
-    assert read_rank_log(logs / "rank1.jsonl").config.start_step == 6
+    killed, resumed = load_attempts(logs)[1]  # the restart keeps the killed attempt's log
+    assert killed.config.start_step == 0 and killed.end is None
+    assert killed.config.pid == procs[1].pid  # what a fault injector signals to hit rank 1
+    assert resumed.config.start_step == 6 and load_run(logs)[1] == resumed
     for r in (0, 1):
-        assert _end_hash(logs / f"rank{r}.jsonl") == _end_hash(
+        assert _end_hash(logs / f"rank{r}.attempt1.jsonl") == _end_hash(
             tmp_path / "plain" / f"rank{r}.jsonl"
         )

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ddp.checkpoint import list_checkpoints
-from ddp.records import read_rank_log
+from ddp.records import load_attempts, read_rank_log
 from tests.helpers import finish, train_ranks
 
 WORLD = 3
@@ -96,7 +96,9 @@ def test_resume_after_a_kill_is_bitwise_identical(tmp_path):
     resumed = finish(train_ranks(tmp_path, 2, *args, "--log-dir", str(logs), "--resume"), 90)
     assert "resumed from" in resumed[0] and "(step 6)" in resumed[0], resumed
     assert "parity holds: 2 replicas identical after all 6 steps" in resumed[0], resumed
-    assert _end_hash(logs / "rank0.jsonl") == _end_hash(tmp_path / "plain" / "rank0.jsonl")
+    # The resumed ranks keep the killed attempt's logs and write their own beside them.
+    assert [log.attempt for log in load_attempts(logs)[0]] == [0, 1]
+    assert _end_hash(logs / "rank0.attempt1.jsonl") == _end_hash(tmp_path / "plain" / "rank0.jsonl")
 
 
 @pytest.mark.timeout(120)

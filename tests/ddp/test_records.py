@@ -13,7 +13,9 @@ from ddp.records import (
     RecordLog,
     StepRecord,
     VerdictRecord,
+    load_attempts,
     load_run,
+    log_name,
     parse_record_line,
     read_rank_log,
 )
@@ -86,3 +88,37 @@ def test_load_run_by_rank(tmp_path):
     (tmp_path / "rankX.jsonl").write_text("")
     assert sorted(load_run(tmp_path)) == [0, 2]
     assert load_run(tmp_path / "missing") == {}
+
+
+def test_a_second_writer_of_a_rank_keeps_the_first_attempt(tmp_path):
+    """torchrun restarts a worker with the same command line: its earlier log survives, torn
+    last line and all, and the newest attempt is what the run ended with."""
+    first = RecordLog(str(tmp_path), 1)
+    first.write(_records()[0])
+    first.close()
+    with open(tmp_path / "rank1.jsonl", "a") as f:
+        f.write('{"event": "st')  # killed mid-write
+    for _ in range(2):
+        again = RecordLog(str(tmp_path), 1)
+        for r in _records():
+            again.write(r)
+        again.close()
+    assert again.path == tmp_path / log_name(1, 2) == tmp_path / "rank1.attempt2.jsonl"
+    attempts = load_attempts(tmp_path)[1]
+    assert [(a.attempt, a.torn, len(a.records)) for a in attempts] == [
+        (0, True, 1),
+        (1, False, 5),
+        (2, False, 5),
+    ]
+    newest = load_run(tmp_path)[1]
+    assert newest.attempt == 2 and newest.end.parity and newest.records == _records()
+    assert read_rank_log(tmp_path / "rank1.attempt1.jsonl").rank == 1
+
+
+def test_attempt_files_of_other_names_are_not_rank_logs(tmp_path):
+    RecordLog(str(tmp_path), 0).write(_records(0)[0])
+    for name in ("rank0.attemptX.jsonl", "rank0.1.jsonl", "rank.attempt1.jsonl"):
+        (tmp_path / name).write_text("not json\nnot json\n")
+    assert [a.attempt for a in load_attempts(tmp_path)[0]] == [0]
+    with pytest.raises(LogError, match="not a rank log name"):
+        read_rank_log(tmp_path / "rank0.1.jsonl")

@@ -1,6 +1,15 @@
 """Reading an elastic restart back, pure: the workers to kill, the timeline, the bitwise verdict."""
 
-from ddp.records import ConfigRecord, EndRecord, RankLog, StepRecord, VerdictRecord
+from ddp.records import (
+    ConfigRecord,
+    EndRecord,
+    RankLog,
+    RecordLog,
+    StepRecord,
+    VerdictRecord,
+    load_attempts,
+    load_run,
+)
 from lab.engine.events import ExitEvent, LineEvent, RecordEvent
 from lab.restarts import compare_final, restart_timeline, worker_pids
 
@@ -58,3 +67,25 @@ def test_the_timeline_runs_from_the_fault_to_the_exits():
 def test_a_timeline_without_a_restart_says_so():
     lines = restart_timeline([], 5.0, "SIGKILL")
     assert lines[-1].endswith("no worker restarted after the fault")
+
+
+def _write(log_dir, rank, *records):
+    log = RecordLog(str(log_dir), rank)
+    for record in records:
+        log.write(record)
+    log.close()
+
+
+def test_compare_final_reads_the_restarted_attempt_from_the_collected_logs(tmp_path):
+    """A worker torchrun restarted keeps its first log; the newest attempt is compared."""
+    sha = "ef" * 32
+    for rank in (0, 1):
+        _write(tmp_path / "plain", rank, ConfigRecord(rank, 2, 1, 0), EndRecord(rank, True, sha))
+        _write(tmp_path / "restarted", rank, ConfigRecord(rank, 2, 1, 0))  # killed: no end
+        _write(
+            tmp_path / "restarted", rank, ConfigRecord(rank, 2, 1, 4), EndRecord(rank, True, sha)
+        )
+    attempts = load_attempts(tmp_path / "restarted")
+    assert {r: [a.attempt for a in logs] for r, logs in attempts.items()} == {0: [0, 1], 1: [0, 1]}
+    recovered = compare_final(load_run(tmp_path / "plain"), load_run(tmp_path / "restarted"))
+    assert recovered.ok and recovered.resumed_after == 4, recovered.line

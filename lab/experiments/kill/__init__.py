@@ -10,10 +10,13 @@ from ddp.config import TrainConfig, flag_of
 from ddp.flags import add_train_arguments, config_from_args
 from lab import args as common
 from lab.experiments.kill.plan import DEFAULT_TRAIN, RUN_TIMEOUT_HELP, KillPlan
+from lab.experiments.kill.torchrun_plan import TorchrunKillPlan
+from lab.experiments.up.plan import LAUNCHERS
 from lab.faults import FAULTS
 
 if TYPE_CHECKING:
     from lab.experiments.kill.result import KillResult
+    from lab.experiments.kill.torchrun_result import TorchrunKillResult
 
 __all__ = ["DESCRIPTION", "EPILOG", "HELP", "NAME", "add_arguments", "plan", "report", "run"]
 
@@ -25,7 +28,10 @@ DESCRIPTION = (
     "before. The survivors notice, dump their flight recorders and exit with ddp's diagnosis; "
     "lab prints a timeline, a per-rank table and whether the diagnosis names the rank it hit. "
     "With --recover an uninterrupted run comes first and every rank resumes from the newest "
-    "checkpoint after the fault. Everything the run created is removed afterwards, also on "
+    "checkpoint after the fault. With --launcher torchrun one worker process is SIGKILLed "
+    "instead, torchrun's agent restarts the worker group, the workers resume from the newest "
+    "checkpoint by themselves, and lab prints the timeline and compares the final parameters "
+    "with an uninterrupted run's. Everything the run created is removed afterwards, also on "
     "errors and Ctrl-C."
 )
 _MODES = "\n".join(f"  {name:<10} {fault.HELP}" for name, fault in FAULTS.items())
@@ -37,10 +43,18 @@ The last line names the missing rank, e.g.
     noticed after 30.0 s
 With --recover it is followed by
   recovered: final parameters bitwise identical to an uninterrupted run
+With --launcher torchrun (--mode kill only, no --recover):
+  python -m lab kill --launcher torchrun --mode kill --nodes 2 --procs-per-node 2 \
+    --max-restarts 1 --rank 3 --at-step 5
+prints the restart timeline (fault, the agent's report, the restarted workers, the step they
+resumed after, the verdict, torchrun's exits), the checks, and ends with e.g.
+  recovered: final parameters of all 4 ranks bitwise identical to an uninterrupted run ...
 Files: runs/<run-id>/report.json, <phase>/logs/rank<R>.jsonl, fault/logs/flight/
-flight_rank<R>.json, <phase>/node<N>.log (phases: reference, fault, resume).
+flight_rank<R>.json, <phase>/node<N>.log (phases: reference, fault, resume; under torchrun
+reference and fault, and a restarted rank's next attempt in rank<R>.attempt<N>.jsonl).
 Exit codes: 0 the diagnosis names the rank that was hit (and the recovery is bitwise
-identical), 1 otherwise or a phase failed, 2 bad arguments, 130 interrupted."""
+identical; under torchrun: the workers were restarted, resumed from a checkpoint and ended
+bitwise identical), 1 otherwise or a phase failed, 2 bad arguments, 130 interrupted."""
 
 _TRAIN_FIELDS: list[str] = []
 # Of the "fault" group, what a user sets here; lab sets the checkpoint directory and --resume
@@ -76,7 +90,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--rank",
         type=common.number(0, kind=int),
         required=True,
-        help="the rank to hit (one rank per node, so also its node)",
+        help="the rank to hit (one rank per node, so also its node; under torchrun, its "
+        "worker process, wherever the rendezvous placed it)",
     )
     p.add_argument(
         "--at-step",
@@ -99,7 +114,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--nodes",
         type=common.number(2, kind=int),
         default=4,
-        help="containers, one rank each (default %(default)s)",
+        help="containers, one rank each (default %(default)s; under torchrun "
+        "--procs-per-node each)",
+    )
+    p.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        default="file",
+        help="file: lab starts every rank and hits its container; torchrun: one torchrun per "
+        "node, a worker process is killed and torchrun restarts the group (default %(default)s)",
+    )
+    p.add_argument(
+        "--procs-per-node",
+        type=common.number(1, kind=int),
+        help="--launcher torchrun: workers per node (torchrun's --nproc-per-node; default 1)",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=common.number(0, kind=int),
+        help="--launcher torchrun: restarts of the worker group torchrun allows (default 1)",
     )
     _TRAIN_FIELDS[:] = add_train_arguments(p, ("train",), defaults=DEFAULT_TRAIN)
     _add_fields(p, _FAULT_FIELDS)
@@ -114,9 +147,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=_renamed, help=argparse.SUPPRESS)  # the old flag, explained
 
 
-def plan(args: argparse.Namespace) -> KillPlan:
+def plan(args: argparse.Namespace) -> KillPlan | TorchrunKillPlan:
     names = [*_TRAIN_FIELDS, *_FAULT_FIELDS, "collective_timeout_s"]
-    return KillPlan(
+    shared = dict(
         rank=args.rank,
         at_step=args.at_step,
         mode=args.mode,
@@ -128,15 +161,40 @@ def plan(args: argparse.Namespace) -> KillPlan:
         runs_dir=args.runs_dir,
         progress=args.progress,
     )
+    torchrun_only = {"--procs-per-node": args.procs_per_node, "--max-restarts": args.max_restarts}
+    if args.launcher == "torchrun":
+        return TorchrunKillPlan(
+            **shared,
+            procs_per_node=1 if args.procs_per_node is None else args.procs_per_node,
+            max_restarts=1 if args.max_restarts is None else args.max_restarts,
+        )
+    for flag, value in torchrun_only.items():
+        if value is not None:
+            raise ValueError(
+                f"{flag} goes with --launcher torchrun: pass that, or drop {flag} (the file "
+                "launcher runs one rank per container and restarts nothing by itself)"
+            )
+    return KillPlan(**shared)
 
 
-def run(plan: KillPlan) -> KillResult:
+def run(plan: KillPlan | TorchrunKillPlan) -> KillResult | TorchrunKillResult:
+    if isinstance(plan, TorchrunKillPlan):
+        from lab.experiments.kill.torchrun_execute import run_torchrun_kill
+
+        return run_torchrun_kill(plan)
     from lab.experiments.kill.execute import run_kill
 
     return run_kill(plan)
 
 
-def report(result: KillResult) -> int:
+def report(result: KillResult | TorchrunKillResult) -> int:
+    if isinstance(result.plan, TorchrunKillPlan):
+        from lab.experiments.kill.torchrun_result import judge, write_report
+
+        verdict = judge(result)
+        write_report(result, verdict)
+        print("\n".join(verdict.lines()))
+        return 0 if verdict.ok else 1
     from lab.experiments.kill.summary import summarize, write_summary
 
     summary = summarize(result)

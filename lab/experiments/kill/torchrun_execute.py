@@ -1,0 +1,166 @@
+"""``lab kill --launcher torchrun``'s run: an uninterrupted torchrun job, then one whose worker
+of rank R is SIGKILLed, on the same containers; torchrun's agents do the rest.
+
+The kill is triggered by rank R's typed step record and aimed at the pid its set-up record
+gave (``ConfigRecord.pid``, in its container's pid namespace), on the node that record came
+from: torchrun's rendezvous, not lab, decides where a rank runs. After the kill nothing is
+raised: whatever torchrun made of it is handed to the judge. The cluster's context manager
+collects both jobs into ``runs/<run-id>/<job>/`` and removes everything labelled with the
+run id, also on errors and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ddp.records import ConfigRecord, load_attempts, load_run
+from lab.engine.client import LabError, NodeFailed, RunTimeout, connect
+from lab.engine.cluster import Cluster
+from lab.engine.events import Event, ExitEvent, LineEvent, RecordEvent
+from lab.engine.job import Job
+from lab.engine.specs import job_dir
+from lab.experiments.kill.torchrun_plan import TorchrunKillPlan
+from lab.experiments.kill.torchrun_result import JobOutcome, TorchrunKillResult, WorkerKill
+from lab.progress import Progress, follow_steps
+
+__all__ = ["run_torchrun_kill"]
+
+_WAIT_SLACK_S = 15.0  # the node launcher stops torchrun at the job's timeout; seen within this
+_Echo = Callable[[str], None]
+
+
+class _Follower:
+    """A job's echo: each node's lines under one prefix, rank 0's steps as progress, every
+    event kept (the timeline is built from them), every rank's latest set-up record."""
+
+    def __init__(self, name: str, plan: TorchrunKillPlan, echo: _Echo) -> None:
+        self.name = name
+        self.progress = Progress(plan.train.steps, enabled=plan.progress, echo=echo)
+        self._steps = follow_steps(self.progress)
+        self.events: list[Event] = []
+        self.setup: dict[int, tuple[int, ConfigRecord]] = {}  # rank -> (node, record)
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+        if isinstance(event, LineEvent):
+            self.progress.write(f"[{self.name} node{event.node}] {event.text}")
+        elif isinstance(event, RecordEvent) and isinstance(event.record, ConfigRecord):
+            self.setup[event.record.rank] = (event.node, event.record)
+        self._steps(event)
+
+    def outcome(self, job: Job) -> JobOutcome:
+        self.progress.close()
+        ended = max((e.t for e in job.exits.values()), default=None)
+        return JobOutcome(self.name, job.started, ended, job.codes, job.running)
+
+
+def _unfinished(job: Job, what: str) -> LabError:
+    codes = job.codes
+    if any(c != 0 for c in codes.values()):
+        node = min((n for n, c in codes.items() if c != 0), key=lambda n: job.exits[n].t)
+        return NodeFailed(
+            f"{what}: torchrun on node{node} exited {codes[node]}; exit codes {codes}; its last "
+            f"lines:\n{job.last_lines(node, 12)}"
+        )
+    tails = "\n".join(f"  node{n}:\n{job.last_lines(n)}" for n in job.running)
+    return RunTimeout(f"{what}: nodes {job.running} still running. Last lines:\n{tails}")
+
+
+def _reference(cluster: Cluster, plan: TorchrunKillPlan, echo: _Echo) -> JobOutcome:
+    echo(
+        f"== reference: {plan.train.steps} steps, uninterrupted "
+        f"(logs in {job_dir('reference')}/logs)"
+    )
+    follower = _Follower("reference", plan, echo)
+    timeout = plan.reference_timeout_s
+    job = cluster.torchrun(
+        "reference", plan.config("reference"), timeout, launch=plan.launch, echo=follower
+    )
+    job.wait(timeout + _WAIT_SLACK_S)
+    job.close()
+    outcome = follower.outcome(job)
+    if not outcome.clean:
+        raise _unfinished(job, f"reference job (within --run-timeout {timeout:g} s)")
+    return outcome
+
+
+def _kill(
+    cluster: Cluster, plan: TorchrunKillPlan, follower: _Follower, trigger: RecordEvent
+) -> WorkerKill:
+    if plan.rank not in follower.setup:
+        raise LabError(f"rank {plan.rank} reported a step before its set-up record")
+    node, setup = follower.setup[plan.rank]
+    if setup.pid is None:
+        raise LabError(
+            f"rank {plan.rank}'s set-up record has no pid: the image's ddp predates it; "
+            "rebuild the image with `python -m lab image`"
+        )
+    said = f"rank {plan.rank} reported step {plan.at_step - 1} done"
+    start = time.time()
+    code, out = cluster.exec(node, ["kill", "-9", str(setup.pid)])
+    end = time.time()
+    return WorkerKill(plan.rank, node, setup.pid, said, trigger.t, start, end, code, out)
+
+
+def _faulted(
+    cluster: Cluster, plan: TorchrunKillPlan, echo: _Echo
+) -> tuple[JobOutcome, WorkerKill, list[Event]]:
+    echo(
+        f"== fault: SIGKILL rank {plan.rank}'s worker process as soon as it reports step "
+        f"{plan.at_step - 1}, then torchrun restarts the workers (logs in {job_dir('fault')}/logs)"
+    )
+    follower = _Follower("fault", plan, echo)
+    timeout = plan.fault_timeout_s
+    job = cluster.torchrun(
+        "fault", plan.config("fault"), timeout, launch=plan.launch, echo=follower
+    )
+    trigger = None
+    for event in job.events(plan.run_timeout_s):
+        if isinstance(event, ExitEvent):
+            raise _unfinished(job, "fault job, before the fault was injected")
+        if plan.triggers(event):
+            assert isinstance(event, RecordEvent)
+            trigger = event
+            break
+    if trigger is None:
+        raise RunTimeout(
+            f"rank {plan.rank} did not report step {plan.at_step - 1} within --run-timeout "
+            f"{plan.run_timeout_s:g} s; node messages:\n{job.last_lines(None)}"
+        )
+    kill = _kill(cluster, plan, follower, trigger)  # before any further event is handled
+    follower.progress.write(
+        f"[lab] {kill.start - job.started:+.2f} s: {kill.what} (kill exited {kill.code}, the "
+        f"docker exec took {kill.end - kill.start:.3f} s)"
+    )
+    job.wait(timeout - (time.time() - job.started) + _WAIT_SLACK_S)
+    job.close()
+    return follower.outcome(job), kill, follower.events
+
+
+def run_torchrun_kill(plan: TorchrunKillPlan, echo: _Echo = print) -> TorchrunKillResult:
+    """Both jobs on one cluster; collect; always clean up."""
+    client = connect()
+    started = time.monotonic()
+    cluster = Cluster(client, plan.layout, image=plan.image, lifetime_s=plan.lifetime_s, echo=echo)
+    cluster.run_dir = run_dir = plan.runs_dir / cluster.run_id
+    echo(f"run {cluster.run_id}: {plan.describe()}; image {plan.image}; output in {run_dir}/")
+    with cluster:
+        reference = _reference(cluster, plan, echo)
+        fault, kill, events = _faulted(cluster, plan, echo)
+    attempts = load_attempts(run_dir / "fault" / "logs")
+    return TorchrunKillResult(
+        plan,
+        cluster.run_id,
+        run_dir,
+        reference,
+        fault,
+        kill,
+        events,
+        {name: load_run(run_dir / name / "logs") for name in ("reference", "fault")},
+        {
+            r: [log.steps[-1].step if log.steps else 0 for log in logs]
+            for r, logs in attempts.items()
+        },
+        time.monotonic() - started,
+    )

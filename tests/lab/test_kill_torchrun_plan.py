@@ -1,0 +1,106 @@
+"""lab kill --launcher torchrun's arguments and plan, without Docker: combinations that make no
+sense are refused before anything starts (exit 2, the flags named), the jobs' training configs
+resume by themselves, and the trigger reads the record's rank, not the node's label."""
+
+import pytest
+
+from ddp.records import ConfigRecord, StepRecord
+from lab.cli import build_parser, main
+from lab.engine.events import LineEvent, RecordEvent
+from lab.experiments.kill import plan as plan_of
+from lab.experiments.kill.plan import KillPlan
+from lab.experiments.kill.torchrun_plan import TorchrunKillPlan
+
+_VALID = [
+    "kill", "--launcher", "torchrun", "--mode", "kill", "--nodes", "2", "--procs-per-node", "2",
+    "--rank", "3", "--at-step", "5",
+]  # fmt: skip
+
+
+def _error(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    return capsys.readouterr().err
+
+
+def _plan(*argv: str):
+    parser, _ = build_parser()
+    return plan_of(parser.parse_args(list(argv)))
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--mode", "partition"], "--launcher torchrun supports --mode kill only, got --mode part"),
+        (["--mode", "pause"], "--launcher torchrun supports --mode kill only, got --mode pause"),
+        (["--recover"], "--recover does not go with --launcher torchrun"),
+        (["--max-restarts", "0"], "--max-restarts 0: torchrun would give up at the first failure"),
+        (["--rank", "4"], "--rank 4 is out of range: 2 nodes x 2 workers run ranks 0..3"),
+        (["--at-step", "13"], "--at-step 13 is outside the run: it trains steps 1..12"),
+        (["--checkpoint-every", "0"], "none exists before the fault with --checkpoint-every 0"),
+        (["--checkpoint-every", "5"], "pass 1 <= --checkpoint-every < 5 or a later --at-step"),
+        (["--at-step", "1", "--checkpoint-every", "1"], "pass 1 <= --checkpoint-every < 1 or a"),
+        (["--procs-per-node", "3"], "--batch-size 64 is not divisible by the world size 6"),
+        (["--procs-per-node", "0"], "argument --procs-per-node: expected an integer >= 1"),
+        (["--launcher", "mpirun"], "argument --launcher: invalid choice: 'mpirun'"),
+        (["--run-timeout", "0"], "argument --run-timeout: expected a finite number > 0"),
+    ],
+)
+def test_combinations_that_make_no_sense_are_refused(extra, message, capsys):
+    assert message in _error([*_VALID, *extra], capsys)
+
+
+@pytest.mark.parametrize("flag", [["--procs-per-node", "2"], ["--max-restarts", "1"]])
+def test_torchrun_flags_without_torchrun_are_refused(flag, capsys):
+    err = _error(["kill", "--rank", "1", "--at-step", "5", "--mode", "kill", *flag], capsys)
+    assert f"{flag[0]} goes with --launcher torchrun" in err
+
+
+def test_the_plan_of_a_valid_command_line():
+    plan = _plan(*_VALID, "--max-restarts", "2", "--steps", "8")
+    assert isinstance(plan, TorchrunKillPlan)
+    assert (plan.rank, plan.at_step, plan.max_restarts, plan.layout.world_size) == (3, 5, 2, 4)
+    assert plan.launch.max_restarts == 2 and plan.launch.procs_per_node == 2
+    assert plan.fault_timeout_s == 2 * plan.reference_timeout_s
+    assert plan.lifetime_s > plan.reference_timeout_s + plan.fault_timeout_s
+    assert plan.phases == ("reference", "fault")
+    defaults = _plan(
+        "kill", "--launcher", "torchrun", "--mode", "kill", "--rank", "0", "--at-step", "3"
+    )
+    assert defaults.procs_per_node == 1 and defaults.max_restarts == 1
+    assert isinstance(_plan("kill", "--rank", "1", "--at-step", "5", "--mode", "kill"), KillPlan)
+
+
+def test_both_jobs_train_alike_and_resume_from_their_own_checkpoints():
+    plan = _plan(*_VALID)
+    ref, fault = plan.config("reference"), plan.config("fault")
+    assert ref.auto_resume and fault.auto_resume and not fault.resume
+    assert (
+        fault.checkpoint_dir is None and str(fault.checkpoints) == "/shared/fault/logs/checkpoints"
+    )
+    assert str(ref.checkpoints) == "/shared/reference/logs/checkpoints"  # not the fault's
+    assert ref.replace(log_dir=fault.log_dir) == fault
+    with pytest.raises(ValueError, match="phase must be one of reference, fault"):
+        plan.config("resume")
+
+
+def _step(rank, step, node=0):
+    return RecordEvent(1.0, node, node, StepRecord(rank, step, 1.0, 1.0, 1.0, 1.0))
+
+
+def test_the_trigger_is_the_ranks_record_of_the_step_before():
+    plan = _plan(*_VALID)
+    assert plan.triggers(_step(3, 4, node=1))
+    assert plan.triggers(_step(3, 4, node=0))  # wherever torchrun placed rank 3
+    assert not plan.triggers(_step(3, 5, node=1)) and not plan.triggers(_step(1, 4, node=3))
+    assert not plan.triggers(LineEvent(1.0, 1, 3, "step 4 done"))  # a line is never a trigger
+    assert not plan.triggers(RecordEvent(1.0, 1, 1, ConfigRecord(3, 4, 1, 0)))
+
+
+def test_a_plan_refuses_the_same_things_without_the_command_line():
+    with pytest.raises(ValueError, match="--mode kill only"):
+        TorchrunKillPlan(rank=0, at_step=5, mode="pause")
+    with pytest.raises(ValueError, match="--procs-per-node must be an integer >= 1"):
+        TorchrunKillPlan(rank=0, at_step=5, procs_per_node=0)
+    assert "SIGKILL rank 1's worker process in step 5" in TorchrunKillPlan(1, 5).describe()
