@@ -8,18 +8,21 @@ import gc
 import importlib
 import traceback
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from ddp.config import Rendezvous
+from tests.helpers import run_ranks
 
 __all__ = [
     "Branches",
     "Deep",
     "assert_same_params",
     "batches",
+    "case_tests",
     "run_cases",
     "seeded",
     "train_step",
@@ -48,6 +51,24 @@ def run_cases(rdzv: Rendezvous, module: str, names: list[str]) -> dict[str, str]
         gc.collect()  # the cases' wrappers hold the group through cycles: free them first
         dist.destroy_process_group()
     return out
+
+
+def case_tests(module: str, cases: dict, world: int = 2):
+    """The module-scoped fixture that runs every case of ``module`` in one spawn of ``world``
+    gloo ranks, and the test that reports each case per rank. Assign both at module level:
+    ``results, test_case_on_every_rank = case_tests(__name__, CASES)``."""
+
+    @pytest.fixture(scope="module")
+    def results(tmp_path_factory):
+        rdzv = tmp_path_factory.mktemp("rdzv")
+        return run_ranks(run_cases, world, rdzv, module, list(cases), timeout_s=200)
+
+    @pytest.mark.timeout(300)
+    @pytest.mark.parametrize("case", list(cases))
+    def test_case_on_every_rank(results, case):
+        verdicts(results, case)
+
+    return results, test_case_on_every_rank
 
 
 def verdicts(results: dict[int, dict[str, str]], case: str) -> None:

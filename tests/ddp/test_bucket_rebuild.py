@@ -4,7 +4,6 @@ construction-time guess is wrong and the rebuild changes the plan)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -13,12 +12,10 @@ from ddp import DistributedDataParallel
 from tests.ddp.common import (
     assert_same_params,
     batches,
-    run_cases,
+    case_tests,
     seeded,
     train_step,
-    verdicts,
 )
-from tests.helpers import run_ranks
 
 ATOL = 1e-6
 SMALL_CAP_MB = 0.005  # about two 24x24 layers per bucket: several buckets
@@ -101,14 +98,4 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    return run_ranks(
-        run_cases, 2, tmp_path_factory.mktemp("rdzv"), __name__, list(CASES), timeout_s=200
-    )
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", list(CASES))
-def test_case_on_every_rank(results, case):
-    verdicts(results, case)
+results, test_case_on_every_rank = case_tests(__name__, CASES)

@@ -17,6 +17,7 @@ from tests.ddp.common import (
     Deep,
     assert_same_params,
     batches,
+    case_tests,
     run_cases,
     seeded,
     train_step,
@@ -110,17 +111,7 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    return run_ranks(
-        run_cases, 2, tmp_path_factory.mktemp("rdzv"), __name__, list(CASES), timeout_s=200
-    )
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", list(CASES))
-def test_case_on_every_rank(results, case):
-    verdicts(results, case)
+results, test_case_on_every_rank = case_tests(__name__, CASES)
 
 
 @pytest.mark.timeout(200)

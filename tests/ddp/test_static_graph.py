@@ -16,12 +16,10 @@ from tests.ddp.common import (
     Branches,
     assert_same_params,
     batches,
-    run_cases,
+    case_tests,
     seeded,
     train_step,
-    verdicts,
 )
-from tests.helpers import run_ranks
 
 ATOL = 1e-6
 STEPS = 5
@@ -123,14 +121,4 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    return run_ranks(
-        run_cases, 2, tmp_path_factory.mktemp("rdzv"), __name__, list(CASES), timeout_s=200
-    )
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", list(CASES))
-def test_case_on_every_rank(results, case):
-    verdicts(results, case)
+results, test_case_on_every_rank = case_tests(__name__, CASES)
