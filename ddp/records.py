@@ -272,5 +272,12 @@ def load_attempts(log_dir: Path) -> dict[int, list[RankLog]]:
 
 def load_run(log_dir: Path) -> dict[int, RankLog]:
     """Every rank's newest attempt in ``log_dir``, by rank (empty when there is none): what a
-    run restarted by torchrun ended with."""
-    return {rank: attempts[-1] for rank, attempts in load_attempts(log_dir).items()}
+    run restarted by torchrun ended with. After an elastic restart that shrank the world
+    (``--nnodes MIN:MAX``, a node gone for good), the ranks past rank 0's newest world size
+    left only logs of the earlier world: they are not part of how the run ended, so they are
+    left out."""
+    newest = {rank: attempts[-1] for rank, attempts in load_attempts(log_dir).items()}
+    last_config = newest[0].config if 0 in newest else None
+    if last_config is None:
+        return newest
+    return {rank: log for rank, log in newest.items() if rank < last_config.world_size}

@@ -83,8 +83,8 @@ def test_stdout_lines(tmp_path):
 
 
 def test_load_run_by_rank(tmp_path):
-    for rank in (0, 2):
-        RecordLog(str(tmp_path), rank).write(_records(rank)[0])
+    for rank in (0, 2):  # rank 1's log is missing: a world of 3 with a gap
+        RecordLog(str(tmp_path), rank).write(ConfigRecord(rank, 3, 1, 0, {}))
     (tmp_path / "rankX.jsonl").write_text("")
     assert sorted(load_run(tmp_path)) == [0, 2]
     assert load_run(tmp_path / "missing") == {}
@@ -113,6 +113,17 @@ def test_a_second_writer_of_a_rank_keeps_the_first_attempt(tmp_path):
     newest = load_run(tmp_path)[1]
     assert newest.attempt == 2 and newest.end.parity and newest.records == _records()
     assert read_rank_log(tmp_path / "rank1.attempt1.jsonl").rank == 1
+
+
+def test_ranks_of_a_world_that_shrank_away_are_not_in_the_run(tmp_path):
+    """A node gone for good: the survivors restart as a world of 2; rank 2's only log is
+    of the world of 3, and load_run leaves it out (load_attempts keeps it)."""
+    for rank in range(3):
+        RecordLog(str(tmp_path), rank).write(ConfigRecord(rank, 3, 1, 0, {}))
+    for rank in range(2):
+        RecordLog(str(tmp_path), rank).write(ConfigRecord(rank, 2, 1, 0, {}))
+    assert sorted(load_run(tmp_path)) == [0, 1]
+    assert sorted(load_attempts(tmp_path)) == [0, 1, 2]
 
 
 def test_attempt_files_of_other_names_are_not_rank_logs(tmp_path):
