@@ -74,16 +74,26 @@ def spawn_ranks(
         start_method="spawn",
     )
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    try:
-        while not procs.join(timeout=1.0):
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"{world_size} ranks did not finish within {timeout_s:.0f} s")
-        return dict(results.get() for _ in range(world_size))
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
-        e.results = {}  # type: ignore[attr-defined]
+    got: dict[int, Any] = {}
+
+    def drain() -> None:
+        # Read while the ranks run: a result larger than the pipe's buffer (64 KiB) blocks
+        # its rank in put() until someone reads, and a rank blocked there never exits.
         while not results.empty():
             rank, value = results.get()
-            e.results[rank] = value  # type: ignore[attr-defined]
+            got[rank] = value
+
+    try:
+        while not procs.join(timeout=1.0):
+            drain()
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"{world_size} ranks did not finish within {timeout_s:.0f} s")
+        drain()
+        assert len(got) == world_size, f"every rank that exited 0 put its result: {sorted(got)}"
+        return got
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+        drain()
+        e.results = got  # type: ignore[attr-defined]
         raise
     finally:
         for p in procs.processes:
