@@ -43,6 +43,7 @@ class BucketRebuild:
     def _init_rebuild(self, caps: tuple[int, int]) -> None:
         self._caps = caps  # (first bucket's, the others'), as ddp.buckets.torch_caps
         self.has_rebuilt_buckets = False
+        self._order: list[int] = []  # the rebuilt plan's
         self._ready_order: list[int] = []  # the running backward's, from the hooks only
         self.last_ready_order: list[int] = []  # the last finished synchronised backward's
         self._synced_backwards = 0  # finished or (joined) shadowed
@@ -67,16 +68,40 @@ class BucketRebuild:
         if not self.rebuild_due():
             return False
         assert not self._expect_backward, "rebuilt between iterations only"
-        n = len(self._params)
-        recorded = set(self.last_ready_order)
-        order = self.last_ready_order + [i for i in reversed(range(n)) if i not in recorded]
+        self._rebuild_in(self._completed(self.last_ready_order))
+        return True
+
+    @property
+    def bucket_order(self) -> list[int] | None:
+        """The order the plan of the next iteration is built in: the rebuilt one, or the one
+        the rebuild due before the next forward will take (None: the construction plan
+        stays). What a checkpoint keeps, so a resumed run has an uninterrupted run's buckets
+        at every step: with 3 or more ranks the layout decides gloo's summation order, so
+        bitwise resumption needs the same buckets."""
+        if self.has_rebuilt_buckets:
+            return list(self._order)
+        return self._completed(self.last_ready_order) if self.rebuild_due() else None
+
+    def restore_bucket_order(self, order: Sequence[int]) -> None:
+        """Rebuild in a checkpoint's ``bucket_order`` now (before the first forward), as the
+        run that wrote it had. A collective, like the rebuild: rank 0's order wins."""
+        assert not self._expect_backward, "rebuilt between iterations only"
+        self._rebuild_in(order)
+
+    def _completed(self, recorded: Sequence[int]) -> list[int]:
+        seen = set(recorded)
+        return list(recorded) + [i for i in reversed(range(len(self._params))) if i not in seen]
+
+    def _rebuild_in(self, order: Sequence[int]) -> None:
         t = torch.tensor(order, dtype=torch.int64)
+        if t.numel() != len(self._params):
+            raise ValueError(f"bucket order of {t.numel()} parameters for {len(self._params)}")
         dist.broadcast(t, group=self._pg, group_src=0)
+        self._order = t.tolist()
         first, cap = self._caps
-        plan = plan_buckets(self._params, cap, first, close_at_cap=True, order=t.tolist())
+        plan = plan_buckets(self._params, cap, first, close_at_cap=True, order=self._order)
         self._adopt_plan(plan)
         self.has_rebuilt_buckets = True
-        return True
 
     @torch.no_grad()
     def _adopt_plan(self, plan: Sequence[BucketSpec]) -> None:

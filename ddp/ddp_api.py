@@ -120,6 +120,21 @@ class DDPApiMixin:
         self._logging.on_rebuild(self.reducer)
         return True
 
+    @property
+    def bucket_order(self) -> list[int] | None:
+        """Not torch's API: the parameter order the buckets are (about to be) rebuilt in, for a
+        checkpoint; give it to ``restore_bucket_order`` on resume (see
+        ``ddp.bucket_rebuild``)."""
+        return self.reducer.bucket_order
+
+    def restore_bucket_order(self, order: list[int]) -> None:
+        """Not torch's API: rebuild the buckets in a checkpoint's ``bucket_order`` before the
+        first forward of a resumed run, so every step has the buckets it had before. Every
+        rank calls it (a broadcast; rank 0's order wins)."""
+        with self._recorded("restore_bucket_order", step=self.reducer.step):
+            self.reducer.restore_bucket_order(order)
+        self._logging.on_rebuild(self.reducer)
+
     def _init_logging(
         self, params: Sequence[torch.Tensor], reduced: Sequence[torch.Tensor]
     ) -> None:

@@ -74,9 +74,10 @@ def restore(
     module: nn.Module,
     opt: torch.optim.Optimizer,
     ref: Reference | None,
-) -> int:
+) -> list[int] | None:
     """Load checkpoint ``step`` into this rank (model, optimizer, RNGs, rank 0's reference);
-    returns the step."""
+    returns the bucket order the checkpointed run had (None: not rebuilt, or no DDP), for
+    ``DistributedDataParallel.restore_bucket_order``."""
     assert cfg.checkpoints is not None
     path = checkpoint_path(cfg.checkpoints, step)
     state = load_checkpoint(path)
@@ -87,7 +88,7 @@ def restore(
         ref.model.load_state_dict(state["ref_model"])
         ref.opt.load_state_dict(state["ref_optimizer"])
     log.info(f"resumed from {path} (step {step})")
-    return step
+    return state.get("bucket_order")
 
 
 def save(
@@ -96,10 +97,14 @@ def save(
     module: nn.Module,
     opt: torch.optim.Optimizer,
     ref: Reference | None,
+    bucket_order: list[int] | None = None,
 ) -> None:
     """Rank 0's checkpoint of ``step``. Replicas are identical, so rank 0's state is
-    everyone's; the data position is the step."""
+    everyone's; the data position is the step. ``bucket_order``: DDP's, so a resumed run
+    has the same buckets (``ddp.bucket_rebuild``)."""
     state = {"model": module.state_dict(), "optimizer": opt.state_dict(), "rng": rng_state()}
+    if bucket_order is not None:
+        state["bucket_order"] = list(bucket_order)
     if ref is not None:
         state |= {"ref_model": ref.model.state_dict(), "ref_optimizer": ref.opt.state_dict()}
     assert cfg.checkpoints is not None

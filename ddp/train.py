@@ -139,7 +139,8 @@ def _train(
     opt = sgd(module, cfg)
     ref = Reference(cfg, world, len(x)) if rank == 0 and cfg.reference else None
     resumed = agreed_start(cfg, rank, recorder)
-    start = 0 if resumed is None else restore(cfg, resumed, module, opt, ref)
+    bucket_order = None if resumed is None else restore(cfg, resumed, module, opt, ref)
+    start = resumed or 0
     if cfg.backward_delay_ms:
         _simulate_backward_compute(module, cfg.backward_delay_ms)
     if cfg.sync == "allreduce":
@@ -152,6 +153,8 @@ def _train(
         )
         if cfg.comm_hook != "none":
             register_named_hook(model, cfg.comm_hook)
+        if bucket_order is not None:
+            model.restore_bucket_order(bucket_order)
     else:
         model = module  # --sync barrier / none: same loop, no gradient averaging
     ddp = model if isinstance(model, DistributedDataParallel) else None
@@ -231,7 +234,7 @@ def _train(
             every = cfg.checkpoint_every
             if every and (step % every == 0 or step == cfg.steps):
                 # Before the row: whoever sees step K reported may rely on checkpoint K.
-                save(cfg, step, module, opt, ref)
+                save(cfg, step, module, opt, ref, ddp.bucket_order if ddp else None)
             log.info(row.format())
 
     holds = torch.zeros(1, dtype=torch.int64)
