@@ -15,8 +15,9 @@ that torchrun restarts (``MAX_RESTARTS``) continues from the newest checkpoint
 from __future__ import annotations
 
 from lab.engine.training import RDZV_PORT, TORCHRUN_ENV, torchrun_head
+from lab.tools.yaml_services import AFTER_INIT, service, shell, words
 
-__all__ = ["ENV", "compose_services", "worker_command"]
+__all__ = ["ENV", "compose_services", "settings", "store_entrypoint", "worker_command"]
 
 # Variables of the torchrun worker (name, default, what), listed in the files' headers.
 ENV = (
@@ -33,8 +34,13 @@ def _var(name: str) -> str:
     return f'"${{{name}:-{default}}}"'
 
 
-def worker_command(ddp_flags: list[str], indent: str, rdzv_id: str) -> str:
-    """The ``sh -c`` text of one worker (a folded YAML scalar, ``indent`` deep)."""
+def settings() -> str:
+    """The header's comment lines on :data:`ENV`: variable, default, what it sets."""
+    return "\n".join(f"#   {name:<20} {default:<6} {what}" for name, default, what in ENV)
+
+
+def worker_command(ddp_flags: list[str], rdzv_id: str) -> list[str]:
+    """The ``sh -c`` script of one worker, as the lines of a folded YAML scalar."""
     head = torchrun_head(
         _var("NNODES"), _var("NPROC_PER_NODE"), f"rdzv:{RDZV_PORT}", rdzv_id,
         _var("MAX_RESTARTS"), "is_host=false,join_timeout=${JOIN_TIMEOUT:-120}",
@@ -51,61 +57,40 @@ def worker_command(ddp_flags: list[str], indent: str, rdzv_id: str) -> str:
     ]
     lines[-1] += ";"
     lines.append("code=$$?; echo $$code > /shared/exits/$$(hostname); exit $$code")
-    return f"\n{indent}".join(lines)
+    return lines
 
 
-def compose_services(ddp_flags: list[str], image: str) -> str:
+def store_entrypoint() -> str:
+    """The ``rdzv`` service's entrypoint: the c10d store, until every worker's exit code."""
+    return words(
+        "python", "-m", "lab.node.store", f"--port={RDZV_PORT}", "--dir=/shared/exits",
+        "--count=${NNODES:-4}", "--timeout=${RUN_TIMEOUT:-900}",
+    )  # fmt: skip
+
+
+def compose_services(ddp_flags: list[str]) -> str:
     """compose.yaml's ``torchrun`` profile: ``rdzv``, ``worker`` and the closing ``torchrun``."""
-    command = worker_command(ddp_flags, " " * 8, "compose")
+    env = ", ".join(f"{k}: {v!r}" for k, v in TORCHRUN_ENV.items())
+    rdzv = service(
+        "rdzv", "compose", profiles=["torchrun"], depends_on=AFTER_INIT,
+        entrypoint=store_entrypoint(),
+    )  # fmt: skip
+    worker = service(
+        "worker", "compose", profiles=["torchrun"],
+        depends_on={**AFTER_INIT, "rdzv": "service_started"},
+        environment=f"{{<<: *env, {env}}}",
+        entrypoint=shell(worker_command(ddp_flags, "compose")),
+    )  # fmt: skip
+    closing = service(
+        "torchrun", "compose", profiles=["torchrun"], shared=False,
+        depends_on={"worker": "service_started", "rdzv": "service_completed_successfully"},
+        entrypoint='["true"]',
+    )  # fmt: skip
     return f"""\
   # --- profile torchrun: one torchrun per worker container, ranks from the c10d rendezvous
   #   NNODES=2 NPROC_PER_NODE=2 docker compose --profile torchrun up --scale worker=2 \\
   #     --attach-dependencies torchrun
-  rdzv:
-    profiles: [torchrun]
-    image: {image}
-    labels:
-      lab.run: compose
-    volumes:
-      - shared:/shared
-    depends_on:
-      init:
-        condition: service_completed_successfully
-    entrypoint:
-      - python
-      - -m
-      - lab.node.store
-      - --port={RDZV_PORT}
-      - --dir=/shared/exits
-      - --count=${{NNODES:-4}}
-      - --timeout=${{RUN_TIMEOUT:-900}}
-  worker:
-    profiles: [torchrun]
-    image: {image}
-    labels:
-      lab.run: compose
-    volumes:
-      - shared:/shared
-    depends_on:
-      init:
-        condition: service_completed_successfully
-      rdzv:
-        condition: service_started
-    environment: {{<<: *env, {", ".join(f"{k}: {v!r}" for k, v in TORCHRUN_ENV.items())}}}
-    entrypoint:
-      - sh
-      - -c
-      - >-
-        {command}
-  torchrun:
-    profiles: [torchrun]
-    image: {image}
-    labels:
-      lab.run: compose
-    depends_on:
-      worker:
-        condition: service_started
-      rdzv:
-        condition: service_completed_successfully
-    entrypoint: ["true"]
+{rdzv}
+{worker}
+{closing}
 """
