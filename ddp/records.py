@@ -62,6 +62,9 @@ class ConfigRecord(Record):
     num_buckets: int
     start_step: int  # 0, or the checkpoint step a resumed run continues after
     config: dict[str, Any] = field(default_factory=dict)  # TrainConfig.to_dict()
+    # Per bucket, in launch order, the shapes of its parameters in buffer order: what each
+    # allreduce (or comm hook) is handed. None from writers older than this field.
+    bucket_shapes: list[list[list[int]]] | None = None
 
 
 @dataclass

@@ -154,7 +154,10 @@ def _train(
     else:
         model = module  # --sync barrier / none: same loop, no gradient averaging
     ddp = model if isinstance(model, DistributedDataParallel) else None
-    jlog.write(ConfigRecord(rank, world, ddp.num_buckets if ddp else 0, start, cfg.to_dict()))
+    shapes = ddp.bucket_shapes if ddp else None
+    jlog.write(
+        ConfigRecord(rank, world, ddp.num_buckets if ddp else 0, start, cfg.to_dict(), shapes)
+    )
     if ddp is not None:
         log.info(
             f"{world} ranks, model {cfg.model}, {ddp.num_buckets} buckets "
