@@ -59,8 +59,9 @@ def test_compress_quick_end_to_end(client, tmp_path):
         for r in (n, f, rows[(rate, "powersgd")]):
             assert r["job_sent_mb"] >= 0.95 * r["job_wire_mb"], r
         assert f["wire_mb"] == pytest.approx(n["wire_mb"] / 2, rel=1e-3)
-    # The price of compressing, reported: none is exact, the hooks are not.
-    assert none["max_param_diff"] < 1e-6 < psgd["max_param_diff"]
+    # The price of compressing, reported: none is exact to float rounding, the hooks are not.
+    assert none["max_param_diff"] < 1e-6
+    assert min(fp16["max_param_diff"], psgd["max_param_diff"]) > 10 * none["max_param_diff"]
     assert none["loss_vs_none"] == 0.0 and fp16["loss_vs_none"] is not None
     hooks = [c["hook"] for c in doc["crossovers"]]
     assert hooks == [h for h in QUICK.hooks if h != "none"]

@@ -19,7 +19,7 @@ from lab.experiments import compress
 from lab.experiments.compress import analysis, outputs, wire
 from lab.experiments.compress.plan import QUICK, TRAIN_DEFAULTS, CompressPlan
 from lab.experiments.compress.result import CompressResult, HookRun, LinkInfo
-from lab.experiments.compress.text import crossover_line
+from lab.experiments.compress.text import crossover_line, format_table
 
 PNG = b"\x89PNG\r\n\x1a\n"
 # The deep MLP's parameters, in the reducer's (reverse) order, in 2 buckets (the first <= 1 MB).
@@ -235,3 +235,16 @@ def test_logs_without_measured_steps_are_an_error_not_a_crash(tmp_path, capsys):
                                train=TRAIN_DEFAULTS.replace(steps=6))  # fmt: skip
     assert compress.report(result) == 1
     assert "no step after the 5 warm-up steps" in capsys.readouterr().err
+
+
+def test_rounds_are_pooled_and_each_round_shown(tmp_path):
+    result = _result(tmp_path)
+    _write(result.run_dir / "20mbit-fp16-r2" / "logs", 700.0, loss=LOSS["fp16"], diff=1e-5)
+    result.runs.append(HookRun(20.0, 2, "fp16", "20mbit-fp16-r2", {0: 0, 1: 0}, True, 9.0,
+                               {0: 8_000_000, 1: 1_000_000}))  # fmt: skip
+    fp16 = next(r for r in outputs.combine_rounds(result) if (r.rate_mbit, r.hook) == (20, "fp16"))
+    assert fp16.round_step_ms == (501.0, 701.0) and fp16.steps_measured == 6
+    assert fp16.median_step_ms == 601.0  # the median of all 6 measured steps
+    assert fp16.job_sent_mb == 8.5  # the median of the rounds' busiest nodes
+    table = format_table([fp16], result.plan)
+    assert "     501/701" in table

@@ -33,6 +33,10 @@ DEFINITIONS = {
         "per measured step (warm-up excluded) the slowest rank's step_ms, since the job waits "
         "for it; the median over the steps of every round"
     ),
+    "per round": (
+        "each round's own median step time: how much the shared host's load moved the figure "
+        "between rounds"
+    ),
     "speedup vs none": "none's median step time at the same rate divided by this hook's",
     "payload MB/step": (
         "bytes one rank hands to the allreduces per step, derived from the run's bucket "
@@ -121,6 +125,7 @@ class Row:
     rate_mbit: float
     hook: str
     median_step_ms: float
+    round_step_ms: tuple[float, ...]  # each round's median: how far the host's load moved it
     steps_measured: int
     final_loss: float
     loss_vs_exact: float
@@ -154,7 +159,8 @@ def make_row(
         job_wire = job_payload_bytes(hook, first.bucket_shapes, steps) / 1e6 * ring
     ref = first.ref_final_loss
     return Row(
-        rate_mbit, hook, statistics.median(measured), len(measured), first.final_loss,
+        rate_mbit, hook, statistics.median(measured),
+        tuple(statistics.median(job.step_ms) for job in jobs), len(measured), first.final_loss,
         first.final_loss - ref if ref is not None else math.nan, _nan(first.max_param_diff),
         payload, wire, job_wire, statistics.median(sent_mb) if sent_mb else math.nan, parity,
     )  # fmt: skip

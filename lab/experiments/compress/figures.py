@@ -40,7 +40,8 @@ def plot_compress(path: Path, rows: Sequence[Row], cs: Sequence[Crossover], titl
         for _, _, x in c.crossings:
             ax_s.axvline(x, color=color[c.hook], linestyle=":", linewidth=1)
             ax_s.annotate(f"{c.hook} ~{x:.0f}", (x, 1.0), textcoords="offset points",
-                          xytext=(3, 6), fontsize=8, color=color[c.hook])  # fmt: skip
+                          xytext=(-2, 6), fontsize=8, color=color[c.hook], rotation=90,
+                          ha="right", va="bottom")  # fmt: skip
     for ax in (ax_t, ax_s):
         ax.set_xscale("log")
         ax.set_xlabel("link cap per node (Mbit/s, log scale)")

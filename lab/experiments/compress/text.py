@@ -32,8 +32,9 @@ def _pad(r: Row) -> int:
 
 def format_table(rows: Sequence[Row], plan: CompressPlan, links: Sequence[LinkInfo] = ()) -> str:
     header = (
-        f"{'hook':<9}{'step ms':>9}{'speedup':>9}{'wire MB/step':>13}{'sent MB/job':>18}"
-        f"{'final loss':>11}{'vs exact':>10}{'vs none':>10}{'max|dparam|':>12}  replicas"
+        f"{'hook':<9}{'step ms':>9}{'per round':>12}{'speedup':>9}{'wire MB/step':>13}"
+        f"{'sent MB/job':>18}{'final loss':>11}{'vs exact':>10}{'vs none':>10}"
+        f"{'max|dparam|':>12}  replicas"
     )
     delay = f", {plan.ms:g} ms one-way delay" if plan.ms else ""
     lines = [
@@ -45,7 +46,9 @@ def format_table(rows: Sequence[Row], plan: CompressPlan, links: Sequence[LinkIn
         lines += [f"cap {rate:g} Mbit/s per node{delay} ({_link_text(rate, links)}):", header]
         for r in (r for r in rows if r.rate_mbit == rate):
             lines.append(
-                f"{r.hook:<9}{r.median_step_ms:>9.1f}{_num(r.speedup_vs_none, '.2f', 'x'):>9}"
+                f"{r.hook:<9}{r.median_step_ms:>9.1f}"
+                f"{'/'.join(f'{m:.0f}' for m in r.round_step_ms):>12}"
+                f"{_num(r.speedup_vs_none, '.2f', 'x'):>9}"
                 f"{_num(r.wire_mb, '.3f'):>13}"
                 f"{_num(r.job_sent_mb, '.1f'):>10} ({_num(r.job_wire_mb, '.1f')}){'':<{_pad(r)}}"
                 f"{r.final_loss:>11.5f}"
