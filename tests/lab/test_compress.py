@@ -114,6 +114,7 @@ def test_jobs_run_none_first_in_every_round():
     ]  # fmt: skip
     assert [j.train.comm_hook for j in p.jobs(20.0)] == ["none", "fp16"] * 2
     assert p.total == 4
+    assert CompressPlan(rates=(20.0, 5000.0, 100.0)).rate_order == (5000.0, 100.0, 20.0)
 
 
 def test_help_states_the_gradient_and_the_warmup():

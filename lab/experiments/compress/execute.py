@@ -1,5 +1,5 @@
-"""``lab compress``'s run: one cluster; per rate a capped, verified link; per round and hook a
-training job followed through its records.
+"""``lab compress``'s run: one cluster; per rate (highest first) a capped, verified link; per
+round and hook a training job followed through its records.
 
 Every job is ``cluster.train(job, cfg, run_timeout)`` with its own rendezvous and log directory
 (``runs/<run-id>/<job>/``), followed with ``job.wait``: progress from rank 0's step records,
@@ -89,7 +89,7 @@ def run_compress(plan: CompressPlan, echo: Callable[[str], None] = print) -> Com
     started = time.monotonic()
     try:
         with cluster:
-            for rate in plan.rates:
+            for rate in plan.rate_order:
                 with capped(cluster, plan, rate, lifetime_s) as link:
                     if link.note:
                         echo(link.note)

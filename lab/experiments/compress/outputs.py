@@ -32,9 +32,10 @@ __all__ = ["Outputs", "combine_rounds", "write_outputs"]
 
 
 def combine_rounds(result: CompressResult) -> list[Row]:
-    """One row per (rate, hook): steps pooled over its rounds from the collected logs."""
+    """One row per (rate, hook), lowest rate first: steps pooled over its rounds from the
+    collected logs."""
     groups: dict[tuple[float, str], list[HookRun]] = {}
-    for run in result.runs:
+    for run in sorted(result.runs, key=lambda run: run.rate_mbit):  # stable: hook order kept
         groups.setdefault((run.rate_mbit, run.hook), []).append(run)
     rows = []
     for (rate, hook), group in groups.items():

@@ -48,7 +48,9 @@ TRAIN_DEFAULTS = TrainConfig(model="deep", steps=12, batch_size=64, seed=0,
 class Quick:
     """What ``--quick`` changes (each only where its flag was not given): about a minute."""
 
-    rates: tuple[float, ...] = (50.0, 5000.0)
+    # 2000, not 5000: under load the probe itself (Python, in the containers) reached only
+    # 2.5 Gbit/s at a 5000 cap, below the check's 60%, and stopped the run.
+    rates: tuple[float, ...] = (50.0, 2000.0)
     hooks: tuple[str, ...] = ("none", "fp16", "powersgd")  # bf16 sends what fp16 sends
     steps: int = 5
     rounds: int = 1
@@ -144,6 +146,12 @@ class CompressPlan:
     @property
     def layout(self) -> Layout:
         return Layout(self.nodes, 1)
+
+    @property
+    def rate_order(self) -> tuple[float, ...]:
+        """Highest rate first: its link is the hardest for the probe to verify on a loaded
+        host, so a check that fails stops the run before the slow low rates ran."""
+        return tuple(sorted(self.rates, reverse=True))
 
     @property
     def ordered_hooks(self) -> tuple[str, ...]:
