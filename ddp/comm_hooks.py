@@ -9,8 +9,8 @@ alike:
   NCCL (by its name), but gloo reduces bfloat16 on CPU, so ``gloo_bf16_compress_hook`` below
   calls the same body.
 * ``powersgd``: ``powerSGD_hook`` with rank-1 approximation, error feedback and warm start,
-  compressing from iteration 2 (iterations before run a plain allreduce; torch requires > 1
-  with error feedback or warm start).
+  compressing from iteration ``config.POWERSGD_START_ITER`` (2: steps 1 and 2 run a plain
+  allreduce; torch requires > 1 with error feedback or warm start).
 """
 
 # No ``from __future__ import annotations``: torch's register_comm_hook compares the hook's
@@ -68,8 +68,8 @@ def register_named_hook(
     name: str,
     process_group: dist.ProcessGroup | None = None,
     *,
-    matrix_approximation_rank: int = 1,
-    start_powerSGD_iter: int = 2,
+    matrix_approximation_rank: int = config.POWERSGD_RANK,
+    start_powerSGD_iter: int = config.POWERSGD_START_ITER,
 ) -> object | None:
     """Register the communication hook called ``name`` (one of ``COMM_HOOKS``) on ``model``,
     a ``ddp.DistributedDataParallel`` or torch's. Returns the state passed to the hook:

@@ -21,6 +21,8 @@ __all__ = [
     "COMM_HOOKS",
     "GROUPS",
     "MODEL_NAMES",
+    "POWERSGD_RANK",
+    "POWERSGD_START_ITER",
     "SYNC_MODES",
     "Rendezvous",
     "TrainConfig",
@@ -29,6 +31,10 @@ __all__ = [
 
 MODEL_NAMES = ("mini", "deep", "branchy")  # ddp.models.MODELS has exactly these keys
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")  # ddp.comm_hooks.COMM_HOOKS, torch-free
+# PowerSGD runs a plain allreduce for its first iterations (torch's start_powerSGD_iter) and
+# compresses from step POWERSGD_START_ITER + 1 on; measurements of it must skip those steps.
+POWERSGD_START_ITER = 2
+POWERSGD_RANK = 1  # its matrix_approximation_rank: each compressed n x m gradient sends n + m
 # allreduce: DDP. barrier: dist.barrier() instead of allreduce (replicas drift: the demo of
 # why). none: no communication at all, the floor that "exposed communication" is measured from.
 SYNC_MODES = ("allreduce", "barrier", "none")

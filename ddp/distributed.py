@@ -260,6 +260,11 @@ class DistributedDataParallel(DDPApiMixin, nn.Module, Joinable):
         return self.reducer.num_buckets
 
     @property
+    def bucket_shapes(self) -> list[list[list[int]]]:
+        """Per bucket, in launch order, the shapes of its parameters in buffer order."""
+        return self.reducer.bucket_shapes
+
+    @property
     def last_comm_wait_s(self) -> float:
         """Seconds the last synchronised backward spent blocked waiting for allreduces."""
         return self.reducer.last_comm_wait_s

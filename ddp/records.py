@@ -88,6 +88,9 @@ class ConfigRecord(Record):
     # This process's id in its own pid namespace (a container's): what a fault injector
     # signals to hit this rank, e.g. one worker of several that torchrun runs in a node.
     pid: int | None = None
+    # Per bucket, in launch order, the shapes of its parameters in buffer order: what each
+    # allreduce (or comm hook) is handed. None from writers older than this field.
+    bucket_shapes: list[list[list[int]]] | None = None
 
 
 @dataclass

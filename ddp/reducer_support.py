@@ -135,6 +135,11 @@ class ReducerSupport:
         return [spec.nbytes for spec in self._plan]
 
     @property
+    def bucket_shapes(self) -> list[list[list[int]]]:
+        """Per bucket, in launch order, its parameters' shapes in buffer order."""
+        return [[list(self._params[i].shape) for i in spec.indices] for spec in self._plan]
+
+    @property
     def last_timeline(self) -> dict[str, object]:
         """perf_counter() stamps of the last synchronised backward: when it ended, and each
         bucket's (launch, completion) in launch order. Completion is when the allreduce really

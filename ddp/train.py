@@ -159,7 +159,9 @@ def _train(
         model = module  # --sync barrier / none: same loop, no gradient averaging
     ddp = model if isinstance(model, DistributedDataParallel) else None
     buckets = ddp.num_buckets if ddp else 0
-    jlog.write(ConfigRecord(rank, world, buckets, start, cfg.to_dict(), os.getpid()))
+    shapes = ddp.bucket_shapes if ddp else None
+    config = ConfigRecord(rank, world, buckets, start, cfg.to_dict(), os.getpid(), shapes)
+    jlog.write(config)
     if ddp is not None:
         log.info(
             f"{world} ranks, model {cfg.model}, {_buckets_text(ddp)} "

@@ -8,4 +8,4 @@ from __future__ import annotations
 
 __all__ = ["EXPERIMENTS"]
 
-EXPERIMENTS = ("up", "latency", "kill", "straggler")  # lab.experiments.<name>
+EXPERIMENTS = ("up", "latency", "kill", "straggler", "compress")  # lab.experiments.<name>

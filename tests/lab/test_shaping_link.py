@@ -159,3 +159,11 @@ def test_jitter_loss_and_rate_are_verified_and_printed():
         link.shaped(bad, 5.0, impair=Impairments(jitter_ms=1.0)),
     ):
         pass
+
+
+def test_the_rate_check_sends_enough_to_outlast_tbf_bursts():
+    bulk_mbytes = link.bulk_mbytes
+    assert bulk_mbytes(20) == pytest.approx(3.75)  # 1.5 s of traffic at low rates
+    assert bulk_mbytes(100) == 8.0
+    for rate in (1000, 5000):  # 0.25 s of traffic: 25 tbf bursts of 10 ms
+        assert bulk_mbytes(rate) == pytest.approx(rate / 8 * 0.25)
