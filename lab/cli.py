@@ -67,6 +67,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit codes: 0 success, 1 failure, 2 bad arguments, 130 interrupted."""
     from ddp.records import LogError
+    from lab.engine import cluster
     from lab.engine.client import LabError
 
     parser, subparsers = build_parser()
@@ -85,8 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(
-            "interrupted; cleaned up (run `python -m lab down` if anything is left)",
-            file=sys.stderr,
-        )
+        downs = "; ".join(f"python -m lab down --run {run_id}" for run_id in cluster.STARTED)
+        left = f" (if anything is left: {downs})" if downs else ""
+        print(f"interrupted; cleaned up{left}", file=sys.stderr)
         return 130

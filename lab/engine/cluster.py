@@ -53,6 +53,11 @@ class NodeHandle:
         return f"node{self.index}"
 
 
+# Run ids of the clusters this process started, oldest first: what the CLI names after Ctrl-C
+# (``lab down --run ID``), so that a shared engine's other runs are not swept away too.
+STARTED: list[str] = []
+
+
 class Cluster:
     """The containers, network and volume of one run, all labelled ``lab.run=<run_id>``."""
 
@@ -79,6 +84,7 @@ class Cluster:
 
     def __enter__(self) -> Cluster:
         require_image(self.client, self.image)
+        STARTED.append(self.run_id)
         try:
             self.client.networks.create(**network_spec(self.run_id))
             self.client.volumes.create(**volume_spec(self.run_id))
