@@ -27,7 +27,7 @@ __all__ = [
     "flag_of",
 ]
 
-MODEL_NAMES = ("mini", "deep", "branchy")  # ddp.models.MODELS has exactly these keys
+MODEL_NAMES = ("mini", "deep", "branchy", "conv")  # ddp.models.MODELS has exactly these keys
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")  # ddp.comm_hooks.COMM_HOOKS, torch-free
 # allreduce: DDP. barrier: dist.barrier() instead of allreduce (replicas drift: the demo of
 # why). none: no communication at all, the floor that "exposed communication" is measured from.
