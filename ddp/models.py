@@ -3,6 +3,9 @@
 - ``mini``: a 3-layer MLP, the parity demo.
 - ``deep``: many parameter tensors, so per-parameter allreduce pays its latency floor often
   (the bucketing experiment).
+- ``conv``: a 1-D convolution stack over the 32 features read as a signal: every weight is
+  reused at every position, so backward computes ~32x more per gradient byte than an MLP at the
+  same batch (the overlap experiment: backward long enough to hide the allreduces behind).
 - ``branchy``: an optional layer applied only to the samples that select it; on a small local
   batch some ranks see no such sample and the layer goes unused there (and sometimes on every
   rank), which needs ``find_unused_parameters=True``.
@@ -11,11 +14,12 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ddp.config import MODEL_NAMES
 
-__all__ = ["MODELS", "BranchyMLP", "DeepMLP", "MiniMLP", "build_model"]
+__all__ = ["MODELS", "BranchyMLP", "ConvNet", "DeepMLP", "MiniMLP", "build_model"]
 
 IN_FEATURES = 32
 NUM_CLASSES = 8
@@ -49,6 +53,30 @@ class DeepMLP(nn.Module):
         return self.net(x)
 
 
+class ConvNet(nn.Module):
+    """``depth`` same-size convolutions (``channels`` wide, kernel 3, length kept) over the
+    input read as a 1-channel signal, linearly resampled from ``IN_FEATURES`` to ``length``
+    points, mean-pooled into a linear head. The first layer (1 input channel) and the head are
+    tiny; the others are equal, so a bucket cap cuts the gradients into equal buckets of whole
+    layers. Compute per gradient byte grows with ``length`` (every weight is applied at every
+    point)."""
+
+    def __init__(self, channels: int = 128, depth: int = 8, length: int = IN_FEATURES) -> None:
+        super().__init__()
+        self.length = length
+        layers: list[nn.Module] = [nn.Conv1d(1, channels, 3, padding=1), nn.ReLU()]
+        for _ in range(depth - 1):
+            layers += [nn.Conv1d(channels, channels, 3, padding=1), nn.ReLU()]
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(channels, NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        signal = x.unsqueeze(1)
+        if signal.shape[-1] != self.length:
+            signal = F.interpolate(signal, size=self.length, mode="linear", align_corners=False)
+        return self.head(self.body(signal).mean(dim=2))
+
+
 class BranchyMLP(nn.Module):
     """Two always-used branches plus a ``rare`` layer for samples whose first feature exceeds
     ``threshold``. Masking per sample keeps the global-batch reference exact: the rare layer's
@@ -71,7 +99,7 @@ class BranchyMLP(nn.Module):
         return self.head(h)
 
 
-MODELS = {"mini": MiniMLP, "deep": DeepMLP, "branchy": BranchyMLP}
+MODELS = {"mini": MiniMLP, "deep": DeepMLP, "branchy": BranchyMLP, "conv": ConvNet}
 # The configuration names the models without importing torch; the two lists must agree.
 assert tuple(MODELS) == MODEL_NAMES, (tuple(MODELS), MODEL_NAMES)
 

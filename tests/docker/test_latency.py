@@ -37,7 +37,11 @@ def test_latency_small_sweep_end_to_end(client, tmp_path):
     assert f"labelled lab.run={run_id}" in out  # the cluster said what it removed
 
     # The link was verified before anything was measured: asked vs measured round trip.
-    rtt = re.search(r"asked 5 ms one-way \(round trip \+10 ms\).*round trip p50 ([\d.]+) ms", out)
+    rtt = re.search(  # the default rate cap is on
+        r"asked 5 ms one-way \(round trip \+10 ms\), rate 100 Mbit/s.*"
+        r"round trip p50 ([\d.]+) ms",
+        out,
+    )
     assert rtt, out
     assert 8.0 <= float(rtt.group(1)) <= 12.5  # within the shaping's own 20% check (+ bridge)
     # A line per finished configuration, and progress while each ran.
@@ -58,15 +62,20 @@ def test_latency_small_sweep_end_to_end(client, tmp_path):
         "no sync (floor)", "per-parameter, overlap on", "per-parameter, overlap off",
         "cap 1 MB, overlap on", "cap 1 MB, overlap off",
     }  # fmt: skip
-    assert rows["per-parameter, overlap on"]["allreduce_calls_per_step"] == "24"  # deep: 24 tensors
-    assert rows["cap 1 MB, overlap off"]["allreduce_calls_per_step"] == "4"
+    assert rows["per-parameter, overlap on"]["allreduce_calls_per_step"] == "18"  # conv: 18 tensors
+    assert rows["cap 1 MB, overlap off"]["allreduce_calls_per_step"] == "2"
     assert all(r["parity"] == "holds" for c, r in rows.items() if c != "no sync (floor)")
     doc = json.loads((run_dir / "latency.json").read_text())
     assert doc["links"][0]["rtt_p50_ms"] == pytest.approx(float(rtt.group(1)), abs=0.01)
     assert doc["settings"]["train"]["collective_timeout_s"] == 60.0
     trace = json.loads((run_dir / "trace.json").read_text())
     names = {e["name"] for e in trace["traceEvents"]}
-    assert {"backward", "allreduce bucket 0", "allreduce bucket 23"} <= names
+    assert {"backward", "allreduce bucket 0", "allreduce bucket 17", "backward b1"} <= names
+    # The Gantt chart's pair, per bucket: the compute that filled each and its allreduce.
+    assert "per bucket, round 1 at 5 ms (the Gantt chart's pair):" in out
+    assert re.search(r"^cap 1 MB, overlap on: forward [\d.]+ ms, backward [\d.]+ ms", out, re.M)
+    assert re.search(r"^  b1 +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+$", out, re.M), out
+    assert [t["overlap"] for t in doc["bucket_timings"]] == [True, False]
     for png in ("latency.png", "gantt.png"):
         assert (run_dir / png).read_bytes()[:8] == PNG
     # Every configuration's job: 4 rank logs with end records, and each node's output.

@@ -68,6 +68,7 @@ def test_job_names_are_unique_per_delay_configuration_and_round():
         ({"timeline_cap": 3.0}, "--timeline-cap 3 is not one of --caps"),
         ({"shaper": "tc"}, "--shaper must be one of auto, netem, nfqueue"),
         ({"rate_mbit": 0.0}, "--rate-mbit must be a finite number > 0"),
+        ({"cpus": float("nan")}, "--cpus must be a finite number > 0"),
         ({"train": TRAIN_DEFAULTS.replace(batch_size=30)}, "--batch-size 30 is not divisible"),
         ({"run_timeout_s": 60.0}, "--collective-timeout 60 must be below --run-timeout 60"),
     ],
@@ -86,7 +87,8 @@ def test_plan_names_the_bad_value(kwargs, message):
         (["--timeline-cap", "3"], "--timeline-cap 3 is not one of --caps"),
         (["--shaper", "tc"], "invalid choice"),
         (["--model", "huge"], "invalid choice"),
-        (["--rate-mbit", "0"], "argument --rate-mbit: expected a finite number > 0"),
+        (["--rate-mbit", "-1"], "argument --rate-mbit: expected a finite number >= 0"),
+        (["--cpus", "0"], "argument --cpus: expected a finite number > 0"),
         (["--rounds", "0"], "argument --rounds: expected an integer >= 1"),
         (["--nodes", "1"], "argument --nodes: expected an integer >= 2"),
         (["--run-timeout", "0"], "argument --run-timeout: expected a finite number > 0"),
@@ -105,10 +107,15 @@ def test_cli_rejects_bad_arguments_before_any_docker_call(argv, message, capsys)
 def test_cli_defaults_flags_and_help(capsys):
     plan = _plan("--ms", "1", "--ms", "5")
     assert plan.ms == (1.0, 5.0)
-    assert plan.caps == (0.0, 0.25, 1.0, 4.0, 25.0)
+    assert plan.caps == (0.0, 0.15, 1.0)
     assert (plan.rounds, plan.warmup, plan.nodes, plan.run_timeout_s) == (2, 2, 4, 300.0)
     assert plan.train == TRAIN_DEFAULTS and plan.train.collective_timeout_s == 60.0
+    assert (plan.train.model, plan.train.batch_size, plan.train.steps) == ("conv", 1024, 6)
+    assert plan.rate_mbit == 100.0 and plan.cpus is None
     assert _plan().ms == (5.0,)
+    assert _plan("--rate-mbit", "0").rate_mbit is None  # 0: no rate cap
+    capped = _plan("--rate-mbit", "250", "--cpus", "0.5")
+    assert (capped.rate_mbit, capped.cpus) == (250.0, 0.5)
     plan = _plan("--model", "mini", "--steps", "9", "--batch-size", "32", "--seed", "4",
                  "--backward-ms", "120", "--collective-timeout", "20",
                  "--run-timeout", "90")  # fmt: skip
@@ -122,7 +129,9 @@ def test_cli_defaults_flags_and_help(capsys):
     # The sweep varies cap, overlap and sync itself: those ddp flags are not offered.
     for flag in ("--bucket-cap-mb", "--no-overlap", "--sync", "--timeout "):
         assert flag not in text
-    assert "model to train (default deep)" in text  # TrainConfig's help, the sweep's default
+    assert "model to train (default conv)" in text  # TrainConfig's help, the sweep's default
+    assert "The default workload is chosen so that overlap can pay" in text
+    assert "a model of accelerator compute" in text  # --backward-ms
 
 
 def test_training_flags_come_from_trainconfig():
@@ -131,3 +140,11 @@ def test_training_flags_come_from_trainconfig():
     model = next(f for f in dataclasses.fields(TrainConfig) if f.name == "model")
     assert tuple(actions["model"].choices) == model.metadata["choices"]
     assert actions["steps"].type is int and actions["seed"].default == TRAIN_DEFAULTS.seed
+
+
+def test_quick_fills_only_what_was_left_at_its_default():
+    quick = _plan("--quick")
+    assert (quick.caps, quick.rounds, quick.train.steps) == ((0.0, 0.15), 1, 5)
+    mine = _plan("--quick", "--caps", "0,1", "--rounds", "3", "--steps", "9")
+    assert (mine.caps, mine.rounds, mine.train.steps) == ((0.0, 1.0), 3, 9)
+    assert _plan("--quick").train.replace(steps=6) == TRAIN_DEFAULTS

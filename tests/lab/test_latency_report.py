@@ -116,6 +116,10 @@ def test_derived_columns_headline_and_table():
     assert "link delay 5 ms one-way, rate 100 Mbit/s, simulated backward compute 120 ms" in table
     assert "n/a (no sync)" in table and "BROKEN" in table and "6.0x" in table
     assert files.default_timeline_cap(rows, 5) == 25
+    # One bucket has nothing to overlap: the Gantt chart shows the fastest cap with several.
+    one = derive_rows([row(5, 1, True, 150.0, calls=4), row(5, 25, True, 100.0, calls=1)])
+    assert files.default_timeline_cap(one, 5) == 1
+    assert files.default_timeline_cap(one[1:], 5) == 25  # unless there is none
 
 
 def test_headline_is_nan_when_a_side_was_not_run():
@@ -239,10 +243,16 @@ def test_write_outputs_from_collected_logs(tmp_path):
     assert all(f.exists() and f.stat().st_size > 0 for f in out.files)
     doc = json.loads((tmp_path / "latency.json").read_text())
     assert doc["timeline"]["cap_mb"] == 1.0
+    # The Gantt chart's pair, per bucket (synthetic logs: 4 buckets, backward from 2 to 10 ms).
+    assert [(t.config, t.overlap) for t in out.timings] == [
+        ("cap 1 MB, overlap on", True), ("cap 1 MB, overlap off", False)
+    ]  # fmt: skip
+    assert [b["comm_ms"] for b in doc["bucket_timings"][0]["buckets"]] == [37.0, 55.0, 73.0, 91.0]
+    assert doc["bucket_timings"][1]["buckets"][0]["compute_ms"] is None
     assert doc["headline"][0]["bucketing_speedup"] == pytest.approx(743 / 143)  # slowest +3
     assert HEADLINE.match(console.headline_line(out.headlines[0]))
     assert len(doc["rows"]) == 5 and doc["rows"][1]["steps_measured"] == 8  # 2 rounds x 4
     assert len(doc["runs"]) == 10 and doc["runs"][0]["name"] == "5ms-nosync-r1"
-    assert doc["settings"]["train"]["model"] == "deep" and doc["settings"]["caps"] == [0, 1]
+    assert doc["settings"]["train"]["model"] == "conv" and doc["settings"]["caps"] == [0, 1]
     trace = json.loads((tmp_path / "trace.json").read_text())
     assert len({e["pid"] for e in trace["traceEvents"]}) == 4  # every allreduce configuration

@@ -28,7 +28,7 @@ def test_shipped_examples_parse():
         ({"ranks_per_node": 0}, "--ranks-per-node must be an integer >= 1"),
         ({"node": 4}, "unknown key(s) node"),
         ({"train": {"stpes": 4}}, "unknown key(s) stpes"),
-        ({"train": {"model": "huge"}}, "--model must be one of mini, deep, branchy"),
+        ({"train": {"model": "huge"}}, "--model must be one of mini, deep, branchy, conv"),
         ({"train": {"bucket_cap_mb": -1}}, "--bucket-cap-mb must be a number >= 0"),
         ({"train": {"bucket_cap_mb": float("nan")}}, "--bucket-cap-mb must be a number >= 0"),
         ({"train": {"overlap": "no"}}, "--no-overlap must be true or false"),

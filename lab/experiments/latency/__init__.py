@@ -19,7 +19,13 @@ from ddp.config import TrainConfig, flag_of
 from ddp.flags import config_from_args
 from lab import args as common
 from lab.experiments.latency.console import DEFINITIONS
-from lab.experiments.latency.plan import DEFAULT_CAPS, TRAIN_DEFAULTS, LatencyPlan
+from lab.experiments.latency.plan import (
+    DEFAULT_CAPS,
+    DEFAULT_RATE_MBIT,
+    QUICK,
+    TRAIN_DEFAULTS,
+    LatencyPlan,
+)
 from lab.shaping.registry import CHOICES
 
 NAME = "latency"
@@ -37,8 +43,29 @@ def _wrap(term: str) -> str:
     )
 
 
+_WORKLOAD = (
+    f"The default workload is chosen so that overlap can pay with real CPU compute: model "
+    f"{TRAIN_DEFAULTS.model} (8 convolutions over the 32 features read as a signal, 1.3 MB of "
+    f"gradients, 18 tensors), global batch {TRAIN_DEFAULTS.batch_size}, one thread per rank, a "
+    f"{DEFAULT_RATE_MBIT:g} Mbit/s rate cap and caps {','.join(f'{c:g}' for c in DEFAULT_CAPS)}. "
+    "Overlap hides an allreduce only behind the backward that runs after its bucket filled, "
+    "and never the last bucket's. So backward must last about as long as the communication "
+    "(here backward takes ~250-600 ms per step, the allreduces 200-450 ms after it with overlap "
+    "off; the deep MLP's backward is ~30 ms for 2.7 MB), and the "
+    "communication must be bandwidth-bound and serial (the rate cap: two allreduces in flight "
+    "share the link), or overlap off merges everything into one or two latency-bound "
+    "allreduces and loses nothing. Cap 0.15 MB gives every convolution its own bucket: the "
+    "first fills after 1/8 of backward, the last carries only the tiny first layer. The "
+    "console prints, per bucket, the compute that filled it and its allreduce time. On this "
+    "2-core host the allreduces slow down while backward computes (they share the cores), "
+    "so the last one ends ~200-240 ms after backward and the gain swings with the load: "
+    "README, 'Why this default'."
+)
+
 EPILOG = "\n".join(
     [
+        textwrap.fill(_WORKLOAD, width=92),
+        "",
         "The closing line is",
         "  bucketing speedup at <ms> ms: X.Xx (per-parameter vs best bucketed), overlap gain: Y.Yx",
         "where",
@@ -54,6 +81,7 @@ EPILOG = "\n".join(
 
 # The training settings the sweep leaves to the user; it varies cap, overlap and sync itself.
 _TRAIN_FIELDS = ["model", "steps", "batch_size", "seed"]
+_ROUNDS = 2
 _BACKWARD = next(f for f in dataclasses.fields(TrainConfig) if f.name == "backward_delay_ms")
 
 
@@ -67,8 +95,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--shaper", choices=CHOICES, default="auto",
         help="auto: netem if the kernel has it, else the nfqueue delayer (default auto)",
     )  # fmt: skip
-    p.add_argument("--rate-mbit", type=common.number(0, strict=True),
-                   help="also limit each node's rate (tbf)")  # fmt: skip
+    p.add_argument(
+        "--rate-mbit", type=common.number(0), default=DEFAULT_RATE_MBIT,
+        help="also limit each node's rate (tbf), so that communication is bandwidth-bound and "
+        "serial, which is when overlap pays; 0 = no limit (default %(default)g)",
+    )  # fmt: skip
     p.add_argument(
         "--node-ms", type=common.node_value, action="append", metavar="NODE:MS",
         help="this node's one-way delay instead of --ms (an asymmetric link, e.g. one slow "
@@ -77,24 +108,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     common.add_impairments(p)
     p.add_argument(
         "--caps", type=common.float_list, default=DEFAULT_CAPS,
-        help="bucket caps in MB, comma-separated; 0 = per parameter (default 0,0.25,1,4,25)",
+        help="bucket caps in MB, comma-separated; 0 = per parameter (default "
+        f"{','.join(f'{c:g}' for c in DEFAULT_CAPS)})",
     )  # fmt: skip
     p.add_argument(
         "--warmup", type=common.number(0, kind=int), default=2,
         help="first steps left out of the medians (gloo connection set-up) (default 2)",
     )  # fmt: skip
     p.add_argument(
-        "--rounds", type=common.number(1, kind=int), default=2,
+        "--rounds", type=common.number(1, kind=int), default=_ROUNDS,
         help="run the whole plan this often, interleaved, and pool the steps: drift of the "
         "host's load then hits every configuration alike (default %(default)s)",
     )  # fmt: skip
     p.add_argument(
         "--backward-ms", dest="backward_delay_ms", type=common.number(0), default=0.0,
-        metavar="MS", help=f"{_BACKWARD.metadata['help']} (ddp train's "
-        f"{flag_of('backward_delay_ms')}; default 0)",
+        metavar="MS", help="a model of accelerator compute, added to the real CPU compute: "
+        f"{_BACKWARD.metadata['help']} (ddp train's {flag_of('backward_delay_ms')}; default 0)",
     )  # fmt: skip
     p.add_argument("--nodes", type=common.number(2, kind=int), default=4,
                    help="containers, one rank each (default 4)")  # fmt: skip
+    p.add_argument(
+        "--quick", action="store_true",
+        help=f"a first look: {QUICK['rounds']} round of {QUICK['steps']} steps at caps "
+        f"{','.join(f'{c:g}' for c in QUICK['caps'])} (where --rounds, --steps, --caps are not "
+        "given)",
+    )  # fmt: skip
+    p.add_argument("--cpus", type=common.number(0, strict=True), metavar="CORES",
+                   help="every node's CPU limit in cores (default: none)")  # fmt: skip
     p.add_argument(
         "--timeline-cap", type=common.number(0),
         help="cap (MB) of the Gantt chart (default: the fastest bucketed cap with overlap on)",
@@ -107,13 +147,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def plan(args: argparse.Namespace) -> LatencyPlan:
     fields = [*_TRAIN_FIELDS, "backward_delay_ms", "collective_timeout_s"]
+    train = config_from_args(args, fields, TRAIN_DEFAULTS)
+    if args.quick:  # only what was left at its default
+        args.caps = QUICK["caps"] if args.caps == DEFAULT_CAPS else args.caps
+        args.rounds = QUICK["rounds"] if args.rounds == _ROUNDS else args.rounds
+        if train.steps == TRAIN_DEFAULTS.steps:
+            train = train.replace(steps=QUICK["steps"])
     return LatencyPlan(
-        ms=tuple(args.ms) if args.ms else (5.0,), shaper=args.shaper, rate_mbit=args.rate_mbit,
-        caps=tuple(args.caps), warmup=args.warmup, rounds=args.rounds, nodes=args.nodes,
-        train=config_from_args(args, fields, TRAIN_DEFAULTS), timeline_cap=args.timeline_cap,
+        ms=tuple(args.ms) if args.ms else (5.0,), shaper=args.shaper,
+        rate_mbit=args.rate_mbit or None, caps=tuple(args.caps), warmup=args.warmup,
+        rounds=args.rounds, nodes=args.nodes,
+        train=train, timeline_cap=args.timeline_cap,
         run_timeout_s=args.run_timeout, image=args.image, runs_dir=args.runs_dir,
         progress=args.progress, impair=common.impairments(args),
-        node_ms=tuple(args.node_ms or ()),
+        node_ms=tuple(args.node_ms or ()), cpus=args.cpus,
     )  # fmt: skip
 
 
@@ -126,6 +173,7 @@ def run(plan: LatencyPlan):
 def report(result) -> int:
     """Exit 0 when parity held in every allreduce configuration, else 1."""
     from lab.experiments.latency import console as text
+    from lab.experiments.latency.bucket_stats import format_timing
     from lab.experiments.latency.files import write_outputs
 
     try:
@@ -135,6 +183,10 @@ def report(result) -> int:
         return 1
     train = result.plan.train
     print(text.format_table(out.rows, result.plan.rate_mbit, train.backward_delay_ms))
+    if out.timings:
+        print(f"per bucket, round 1 at {max(result.plan.ms):g} ms (the Gantt chart's pair):")
+        for timing in out.timings:
+            print(format_timing(timing))
     names = ", ".join(f.name for f in out.files)
     print(f"sweep took {result.seconds:.0f} s; wrote {result.run_dir}/: {names}")
     broken = [r.config for r in out.rows if r.parity is False]

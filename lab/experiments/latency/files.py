@@ -1,7 +1,9 @@
 """The files of a sweep in ``runs/<run-id>/``: ``latency.csv``, ``latency.json`` (with the
 definitions, the links, every run), ``latency.png``, and at the largest delay ``trace.json``
 (every allreduce configuration's representative step) and ``gantt.png`` (the timeline cap,
-overlap on vs off). Everything is read from the collected rank logs (``ddp.records.load_run``).
+overlap on vs off), whose per-bucket compute and allreduce times (:mod:`.bucket_stats`) go to
+``latency.json`` and the console. Everything is read from the collected rank logs
+(``ddp.records.load_run``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from ddp.records import load_run
 from lab.experiments.latency import figures, timeline
+from lab.experiments.latency.bucket_stats import ConfigTiming, time_buckets
 from lab.experiments.latency.console import DEFINITIONS, Headline, headline
 from lab.experiments.latency.result import ConfigRun, SweepResult
 from lab.experiments.latency.stats import Row, derive_rows, summarize
@@ -59,9 +62,12 @@ def combine_rounds(result: SweepResult) -> list[Row]:
 
 
 def default_timeline_cap(rows: Sequence[Row], ms: float) -> float | None:
-    """The fastest bucketed cap with overlap on at ``ms``: the configuration a user would pick,
-    shown beside the same cap with overlap off."""
-    bucketed = [r for r in rows if r.ms == ms and r.cap_mb and r.overlap]
+    """The fastest bucketed cap with overlap on at ``ms`` among those with several buckets (one
+    bucket has nothing to overlap: its allreduce starts when backward ends): the configuration
+    a user would pick, shown beside the same cap with overlap off."""
+    bucketed = [r for r in rows if r.ms == ms and r.cap_mb and r.overlap and r.calls > 1]
+    if not bucketed:
+        bucketed = [r for r in rows if r.ms == ms and r.cap_mb and r.overlap]
     if not bucketed:
         bucketed = [r for r in rows if r.ms == ms and r.cap_mb is not None]
     best = min(bucketed, key=lambda r: r.median_step_ms, default=None)
@@ -126,21 +132,28 @@ class Outputs:
     rows: list[Row]
     headlines: list[Headline]
     files: list[Path]
+    timings: list[ConfigTiming] = dataclasses.field(default_factory=list)  # the Gantt's pair
 
 
-def _timelines(result: SweepResult, ms: float, cap: float | None) -> tuple[list, list, dict]:
+def _timelines(
+    result: SweepResult, ms: float, cap: float | None
+) -> tuple[list, list, dict, list[ConfigTiming]]:
     """Round 1's allreduce runs at ``ms``: every one's representative step, and the pair of
-    ``cap`` (overlap on, off) for the Gantt chart."""
+    ``cap`` (overlap on, off) for the Gantt chart with its per-bucket timings."""
     traced = [r for r in result.runs if r.ms == ms and r.round == 1 and not r.conf.is_floor]
-    lines, pair, steps = [], [], {}
+    lines, pair, steps, timings = [], [], {}, []
     for run in traced:
         logs, where = load_run(result.log_dir(run)), str(result.log_dir(run))
         step = timeline.representative_step(logs, result.plan.warmup, where)
         steps[run.conf.name] = step
-        lines.append(timeline.load_step(logs, step, f"{ms:g} ms, {run.conf.label}", where))
+        title = f"{ms:g} ms, {run.conf.label}"
+        lines.append(timeline.load_step(logs, step, title, where, bool(run.conf.overlap)))
         if run.conf.cap_mb == cap:
             pair.append(lines[-1])
-    return lines, pair, steps
+            conf = run.conf
+            timings.append(time_buckets(logs, result.plan.warmup, conf.label, bool(conf.overlap),
+                                        where))  # fmt: skip
+    return lines, pair, steps, timings
 
 
 def write_outputs(result: SweepResult) -> Outputs:
@@ -158,8 +171,9 @@ def write_outputs(result: SweepResult) -> Outputs:
     if cap is None and ms is not None:
         cap = default_timeline_cap(rows, ms)
     steps: dict[str, int] = {}
+    timings: list[ConfigTiming] = []
     if ms is not None:
-        lines, pair, steps = _timelines(result, ms, cap)
+        lines, pair, steps, timings = _timelines(result, ms, cap)
         if lines:
             files.append(run_dir / "trace.json")
             files[-1].write_text(json.dumps(timeline.chrome_trace(lines)))
@@ -175,6 +189,7 @@ def write_outputs(result: SweepResult) -> Outputs:
         "settings": {**plan_doc, "train": plan.train.to_dict()},
         "links": [dataclasses.asdict(link) for link in result.links],
         "timeline": {"ms": ms, "cap_mb": cap, "steps": steps},
+        "bucket_timings": timings,
         "runs": [
             {
                 "name": run.job,
@@ -188,4 +203,4 @@ def write_outputs(result: SweepResult) -> Outputs:
         "files": [f.name for f in files],
     }
     write_json(files[-1], rows, headlines, extra)
-    return Outputs(rows, headlines, files)
+    return Outputs(rows, headlines, files, timings)

@@ -22,6 +22,8 @@ from lab.shaping.registry import CHOICES
 
 __all__ = [
     "DEFAULT_CAPS",
+    "DEFAULT_RATE_MBIT",
+    "QUICK",
     "TRAIN_DEFAULTS",
     "Configuration",
     "LatencyPlan",
@@ -29,11 +31,23 @@ __all__ = [
     "job_name",
 ]
 
-DEFAULT_CAPS = (0.0, 0.25, 1.0, 4.0, 25.0)  # MB; 0 = one allreduce per parameter tensor
-# The deep MLP has 24 parameter tensors: per-parameter allreduce pays the link 24 times a step.
+# The default workload is chosen so that overlap can pay with real CPU compute (README, "Why
+# this default"). Overlap hides an allreduce only behind the backward that runs after its
+# bucket filled, and never the last bucket's, so backward must last about as long as the
+# communication, and the communication must be bandwidth-bound and serial (a rate cap), or the
+# no-overlap side merges everything into one latency-bound allreduce and loses nothing.
+# Measured here: the conv model's backward at a global batch of 1024 takes ~250-600 ms (with
+# the host's load), its 1.3 MB of gradients 200-450 ms of allreduce at 100 Mbit/s.
+DEFAULT_RATE_MBIT = 100.0
+# 0: one allreduce per tensor (18: the bucketing lesson); 0.15: every convolution its own
+# bucket (8: the first fills after 1/8 of backward, the last holds only the tiny first layer);
+# 1: two buckets, the first filling near the end of backward (the best overlap-off can do).
+DEFAULT_CAPS = (0.0, 0.15, 1.0)  # MB
+# --quick: one round of fewer steps, per-parameter vs the overlap cap only.
+QUICK = {"steps": 5, "rounds": 1, "caps": (0.0, 0.15)}
 # The collective timeout is well below the run timeout, so a rank that lost a peer says so
 # (its diagnosis) before lab stops the configuration.
-TRAIN_DEFAULTS = TrainConfig(model="deep", steps=20, batch_size=64, seed=0,
+TRAIN_DEFAULTS = TrainConfig(model="conv", steps=6, batch_size=1024, seed=0,
                              collective_timeout_s=60.0)  # fmt: skip
 
 
@@ -97,7 +111,7 @@ class LatencyPlan:
 
     ms: tuple[float, ...] = (5.0,)  # one-way delay per packet
     shaper: str = "auto"
-    rate_mbit: float | None = None
+    rate_mbit: float | None = DEFAULT_RATE_MBIT  # None: no rate cap
     caps: tuple[float, ...] = DEFAULT_CAPS
     warmup: int = 2  # first steps include gloo's connection set-up: not measured
     rounds: int = 2  # the whole plan runs this often, interleaved: load drift hits all alike
@@ -110,6 +124,7 @@ class LatencyPlan:
     progress: bool = True
     impair: Impairments = field(default_factory=Impairments)  # jitter, loss on every node
     node_ms: tuple[tuple[int, float], ...] = ()  # (node, ms): a node whose delay differs
+    cpus: float | None = None  # every node's CPU limit in cores (None: no limit)
 
     def __post_init__(self) -> None:
         if not self.ms:
@@ -129,7 +144,7 @@ class LatencyPlan:
         if self.rate_mbit is not None and not (
             math.isfinite(self.rate_mbit) and self.rate_mbit > 0
         ):
-            raise ValueError("--rate-mbit must be a finite number > 0 (leave it out for no limit)")
+            raise ValueError("--rate-mbit must be a finite number > 0 (--rate-mbit 0: no limit)")
         if not self.caps:
             raise ValueError("--caps is empty; e.g. --caps 0,0.25,1,4,25")
         for cap in self.caps:
@@ -150,6 +165,10 @@ class LatencyPlan:
             raise ValueError(
                 f"--timeline-cap {self.timeline_cap:g} is not one of --caps "
                 f"{','.join(f'{c:g}' for c in self.caps)}"
+            )
+        if self.cpus is not None and not (math.isfinite(self.cpus) and self.cpus > 0):
+            raise ValueError(
+                f"--cpus must be a finite number > 0 (cores per node), got {self.cpus!r}"
             )
         check_timeouts(self.train.collective_timeout_s, self.run_timeout_s, "configuration")
         self.train.local_batch(self.nodes)  # the global batch must split over the ranks

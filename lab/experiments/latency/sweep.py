@@ -85,8 +85,9 @@ def run_sweep(plan: LatencyPlan, echo: Callable[[str], None] = print) -> SweepRe
     collects the logs into ``runs_dir/<run-id>/<job>/`` and removes everything, always."""
     # Bounds everything the run leaves running in the nodes, should lab itself die.
     lifetime_s = plan.total * (plan.run_timeout_s + 60) + 600
+    cpus = {n: plan.cpus for n in range(plan.nodes)} if plan.cpus else None
     cluster = Cluster(connect(), plan.layout, image=plan.image, lifetime_s=lifetime_s,
-                      net_admin=True, echo=echo)  # fmt: skip
+                      net_admin=True, cpus=cpus, echo=echo)  # fmt: skip
     result = SweepResult(plan, cluster.run_id, plan.runs_dir / cluster.run_id)
     cluster.run_dir = result.run_dir
     echo(

@@ -5,7 +5,11 @@ Built from the ranks' step records (``ddp.records.StepRecord``): ``t0`` (wall cl
 start, so ranks in different containers of one host share an axis), ``backward_ms``
 ``[start, end]`` and ``buckets_ms`` ``[[launch, done], ...]`` relative to the step's start.
 ``done`` is observed on gloo's thread when the allreduce really completes, so a bucket bar that
-lies inside the backward bar is communication hidden behind computation. Pure.
+lies inside the backward bar is communication hidden behind computation. With overlap on a
+bucket is launched when it fills, so the Gantt chart cuts each rank's backward bar at the
+launches and labels the pieces: backward piece ``bk`` computed bucket k's gradients, and the
+allreduce bar ``bk`` running under piece ``bk+1`` is bucket k travelling while backward
+computes bucket k+1. Pure.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ from pathlib import Path
 
 from ddp.records import RankLog, StepRecord
 
-__all__ = ["RankStep", "StepTimeline", "chrome_trace", "load_step", "representative_step",
-           "write_gantt"]  # fmt: skip
+__all__ = ["RankStep", "StepTimeline", "backward_pieces", "chrome_trace", "load_step",
+           "representative_step", "write_gantt"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class StepTimeline:
     title: str  # e.g. "cap 1 MB, overlap on"
     step: int
     ranks: dict[int, RankStep] = field(default_factory=dict)
+    overlap: bool = False  # buckets launched when they filled: the launches cut backward
 
     @property
     def end_ms(self) -> float:
@@ -66,7 +71,7 @@ def representative_step(logs: Mapping[int, RankLog], warmup: int, where: str = "
 
 
 def load_step(
-    logs: Mapping[int, RankLog], step: int, title: str, where: str = "logs"
+    logs: Mapping[int, RankLog], step: int, title: str, where: str = "logs", overlap: bool = False
 ) -> StepTimeline:
     """Every rank's timeline of ``step``, aligned on the earliest rank's start."""
     records: dict[int, StepRecord] = {}
@@ -85,7 +90,7 @@ def load_step(
         )
         for rank, r in sorted(records.items())
     }
-    return StepTimeline(title, step, ranks)
+    return StepTimeline(title, step, ranks, overlap)
 
 
 def _lanes(intervals: list[tuple[float, float]]) -> list[int]:
@@ -112,6 +117,19 @@ def _phases(r: RankStep) -> list[tuple[str, float, float]]:
     ]
 
 
+def backward_pieces(r: RankStep) -> list[tuple[str, float, float]]:
+    """Backward cut at the bucket launches that fall inside it: ``("b<k>", start, end)``, the
+    compute that filled bucket k (with overlap on; the last piece ends with backward)."""
+    bw0, bw1 = r.backward_ms
+    cuts = [a for a, _ in r.buckets_ms]
+    pieces, start = [], bw0
+    for k, cut in enumerate(cuts):
+        end = bw1 if k == len(cuts) - 1 else min(max(cut, start), bw1)
+        pieces.append((f"b{k}", start, end))
+        start = end
+    return pieces
+
+
 def chrome_trace(timelines: list[StepTimeline]) -> dict:
     """Trace Event Format: one process per timeline, per rank a compute thread and as many
     allreduce threads as buckets were in flight at once. Times in microseconds."""
@@ -136,6 +154,9 @@ def chrome_trace(timelines: list[StepTimeline]) -> dict:
             meta("thread_sort_index", pid, compute, sort_index=compute)
             for name, a, b in _phases(r):
                 span(name, pid, compute, r.offset_ms + a, r.offset_ms + b, rank=rank)
+            for name, a, b in backward_pieces(r) if tl.overlap else ():
+                span(f"backward {name}", pid, compute, r.offset_ms + a, r.offset_ms + b,
+                     rank=rank)  # fmt: skip
             lanes = _lanes(r.buckets_ms)
             for lane in sorted(set(lanes)):
                 tid = compute + 1 + lane
@@ -148,12 +169,20 @@ def chrome_trace(timelines: list[StepTimeline]) -> dict:
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
+_ALLREDUCE = "allreduce bk (launch to done, queueing in gloo included)"
 _COLORS = {
     "forward": "#bdbdbd",
     "backward": "#3b75af",
+    "backward (piece bk fills bucket k)": "#7fa7d4",
     "after backward: allreduce wait, optimizer": "#f2c14e",
-    "allreduce": "#d1495b",
+    _ALLREDUCE: "#d1495b",
 }
+
+
+def _label(ax, text: str, x: float, width: float, y: float, end: float, color: str) -> None:
+    """``text`` at the start of a bar (bars in flight together start apart), if it fits."""
+    if width >= end * 0.018:
+        ax.text(x + end * 0.003, y, text, ha="left", va="center", fontsize=6, color=color)
 
 
 def write_gantt(path: Path, timelines: list[StepTimeline], suptitle: str = "") -> None:
@@ -168,7 +197,7 @@ def write_gantt(path: Path, timelines: list[StepTimeline], suptitle: str = "") -
     if not timelines:
         raise ValueError("no timelines to draw")
     fig, axes = plt.subplots(
-        len(timelines), 1, figsize=(11, 1.2 + 1.1 * sum(len(t.ranks) for t in timelines) / 2),
+        len(timelines), 1, figsize=(11, 1.4 + 1.6 * sum(len(t.ranks) for t in timelines) / 2),
         dpi=110, sharex=True, squeeze=False,
     )  # fmt: skip
     end = max(t.end_ms for t in timelines)
@@ -177,16 +206,23 @@ def write_gantt(path: Path, timelines: list[StepTimeline], suptitle: str = "") -
         for row, (rank, r) in enumerate(tl.ranks.items()):
             y = -row * 1.0  # rank 0 on top
             for name, a, b in _phases(r):
-                ax.broken_barh([(r.offset_ms + a, b - a)], (y, 0.42), color=_COLORS[name])
+                ax.broken_barh([(r.offset_ms + a, b - a)], (y, 0.3), color=_COLORS[name])
+            pieces = backward_pieces(r) if tl.overlap else []
+            for k, (name, a, b) in enumerate(pieces):
+                color = _COLORS["backward" if k % 2 else "backward (piece bk fills bucket k)"]
+                ax.broken_barh([(r.offset_ms + a, b - a)], (y, 0.3), color=color)
+                _label(ax, name, r.offset_ms + a, b - a, y + 0.15, end, "black")
             lanes = _lanes(r.buckets_ms)
-            height = 0.42 / max(len(set(lanes)), 1)
-            for (a, b), lane in zip(r.buckets_ms, lanes, strict=True):
+            height = 0.62 / max(len(set(lanes)), 1)
+            for k, ((a, b), lane) in enumerate(zip(r.buckets_ms, lanes, strict=True)):
                 ax.broken_barh(
                     [(r.offset_ms + a, max(b - a, end * 0.002))],
-                    (y - 0.46 + lane * height, height * 0.9),
-                    color=_COLORS["allreduce"], edgecolor="black", linewidth=0.3,
+                    (y - 0.66 + lane * height, height * 0.9),
+                    color=_COLORS[_ALLREDUCE], edgecolor="black", linewidth=0.3,
                 )  # fmt: skip
-            ticks.append(y)
+                _label(ax, f"b{k}", r.offset_ms + a, b - a, y - 0.66 + (lane + 0.45) * height,
+                       end, "black")  # fmt: skip
+            ticks.append(y - 0.18)
             labels.append(f"rank {rank}")
         ax.set_yticks(ticks, labels)
         ax.set_title(f"{tl.title}: step {tl.step}, {tl.end_ms:.1f} ms", fontsize=10, loc="left")
@@ -194,7 +230,7 @@ def write_gantt(path: Path, timelines: list[StepTimeline], suptitle: str = "") -
         ax.set_xlim(0, end * 1.02)
     axes[-1, 0].set_xlabel("ms since the first rank started the step")
     handles = [Patch(color=c, label=n) for n, c in _COLORS.items()]
-    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
     if suptitle:
         fig.suptitle(suptitle, fontsize=11)
     fig.tight_layout(rect=(0, 0.06, 1, 1))

@@ -1,0 +1,54 @@
+"""The ``conv`` model (the latency experiment's default workload): its shape, its bucket plan
+at the caps the experiment uses, and parity of a real 2-rank run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddp.buckets import plan_buckets
+from ddp.models import IN_FEATURES, NUM_CLASSES, ConvNet, build_model
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+MB = 1 << 20
+
+
+def test_conv_maps_features_to_classes_and_its_weights_are_reused_along_the_signal():
+    model = build_model("conv", seed=0)
+    assert model(torch.randn(5, IN_FEATURES)).shape == (5, NUM_CLASSES)
+    params = list(model.parameters())
+    assert len(params) == 18  # 8 convolutions and the head, weight and bias each
+    # Compute per gradient byte grows with the signal's length: same weights, longer signal.
+    short, long_ = ConvNet(length=IN_FEATURES), ConvNet(length=4 * IN_FEATURES)
+    assert [p.shape for p in short.parameters()] == [p.shape for p in long_.parameters()]
+    assert long_.body(torch.zeros(2, 1, long_.length)).shape[-1] == 4 * IN_FEATURES
+
+
+def test_a_small_cap_gives_every_convolution_its_own_bucket_and_a_tiny_last_one():
+    params = list(build_model("conv", seed=0).parameters())
+    layer = params[2].numel() * 4 + params[3].numel() * 4  # one inner convolution
+    plan = plan_buckets(params, int(0.15 * MB), close_at_cap=True)
+    assert len(plan) == 8
+    assert all(b.nbytes >= layer for b in plan[:-1])  # b0 also holds the head
+    assert plan[-1].indices == (1, 0) and plan[-1].nbytes < layer / 10  # the first layer
+    two = plan_buckets(params, MB, close_at_cap=True)
+    assert [len(b.indices) for b in two] == [14, 4]  # 1.3 MB: 6 convolutions and the head, 2
+
+
+@pytest.mark.timeout(150)
+def test_conv_parity_with_eight_buckets():
+    r = subprocess.run(
+        [sys.executable, "-m", "ddp", "--world-size", "2", "--steps", "3", "--model", "conv",
+         "--bucket-cap-mb", "0.15"],
+        cwd=ROOT, capture_output=True, text=True, timeout=140, env=ENV,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "8 buckets" in r.stdout + r.stderr
+    assert r.stdout.splitlines()[-1].startswith("parity holds: 2 replicas identical")
