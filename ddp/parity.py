@@ -1,9 +1,11 @@
 """The parity table and verdict: does DDP equal one process training on the global batch?
 
 Two checks per step. Replicas: every rank's parameter checksum must be bitwise equal (they
-applied the same averaged gradients to the same weights). Reference: rank 0's parameters must be
-within ``tolerance`` of a single process that trained the same model on the concatenation of all
-ranks' batches (averaging order differs, so only float rounding may differ).
+applied the same averaged gradients to the same weights). Reference: after each step, rank 0's
+parameters must be within ``tolerance`` of a single process that took the same step from the
+same weights on the concatenation of all ranks' batches (averaging order differs, so only float
+rounding may differ; why per step: ``ddp.reference``). With compression the reference trains on
+its own and the difference is reported as the price, not judged.
 
 Live runs and ``check_logs`` (a collected run, offline) build the same ``StepRow``s and share
 one judge, so the verdict a container printed can be re-derived from its logs.
@@ -109,7 +111,10 @@ class ParityReport:
                 f"{self.tolerance:.0e})"
             )
         else:
-            against = f"max |param diff| vs single process {max(diffs):.1e} <= {self.tolerance:.0e}"
+            against = (
+                f"max |param diff| vs single process {max(diffs):.1e} <= {self.tolerance:.0e} "
+                "(each step from the same weights)"
+            )
         return (
             f"parity holds: {self.world_size} replicas identical after all {len(self.rows)} "
             f"steps, {against}"

@@ -179,6 +179,8 @@ def _train(
         if ddp is not None:
             ddp.reducer.step = step
         idx = sampler.indices(step - 1)
+        if ref is not None and cfg.comm_hook == "none":
+            ref.anchor(module, opt)  # judge this step alone (see ddp.reference)
         wall0, t0 = time.time(), time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss_t = F.cross_entropy(model(x[idx]), y[idx])

@@ -128,7 +128,7 @@ def _write(log_dir: Path, step_ms: float, *, loss: float, diff: float, steps: in
            world: int = 2) -> Path:  # fmt: skip
     for rank in range(world):
         log = RecordLog(str(log_dir), rank)
-        log.write(ConfigRecord(rank, world, 2, 0, {}, DEEP))
+        log.write(ConfigRecord(rank, world, 2, 0, {}, bucket_shapes=DEEP))
         for step in range(1, steps + 1):
             ms = step_ms * (3 if step == 1 else 1) + rank  # a slow first step, rank 1 slower
             extra = (
