@@ -41,6 +41,20 @@ def _save(torch_rows: dict[str, dict], world_size: int) -> None:
     BASELINE.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
+def _retried(failed: dict[str, dict], kw: dict) -> dict[str, dict]:
+    """Failing tests once more: some of torch's multi-process tests race in their own harness
+    (an RPC reaching a worker before its init_process_group returned: "Default process group
+    has not been initialized", seen once under load in DdpUnderDistAutogradTest, before any DDP
+    existed). A pass on the second run counts, the first run's failure kept in its reason; a
+    real failure fails twice."""
+    again = run_tests(list(failed), "ours", **kw) if failed else {}
+    return {
+        t: r | {"reason": f"passed on a second run; the first failed: {failed[t]['reason']}"}
+        for t, r in again.items()
+        if r["status"] == "pass"
+    }
+
+
 def run_suite(
     tests: Sequence[str] | None = None,
     *,
@@ -66,6 +80,7 @@ def run_suite(
         _save(torch_rows, world_size)
     baseline = [t for t in selected if torch_rows[t]["status"] == "pass"]
     ours_rows = run_tests(baseline, "ours", **kw) if baseline else {}
+    ours_rows |= _retried({t: r for t, r in ours_rows.items() if r["status"] == "fail"}, kw)
     merged = _report.rows(torch_rows, ours_rows)
     return {
         "torch_version": torch.__version__,

@@ -87,3 +87,21 @@ def test_swap_reaches_every_import_time_alias() -> None:
         f"{prefix}distributed_test.DistributedDataParallel",
         f"{prefix}ddp_under_dist_autograd_test.DistributedDataParallel",
     } <= swapped
+
+
+def test_a_failure_counts_only_if_it_fails_twice(monkeypatch) -> None:
+    from tests.torch_suite import _suite
+
+    calls: list[list[str]] = []
+
+    def fake_run(tests, which, **kw):  # the second run: the race is gone, the bug is not
+        calls.append(list(tests))
+        return {"flaky": {"status": "pass", "reason": ""}, "broken": {"status": "fail"}}
+
+    monkeypatch.setattr(_suite, "run_tests", fake_run)
+    rows = {"flaky": {"status": "fail", "reason": "race"}, "broken": {"status": "fail"}}
+    again = _suite._retried(rows, {})
+    assert calls == [["flaky", "broken"]]
+    assert again == {
+        "flaky": {"status": "pass", "reason": "passed on a second run; the first failed: race"}
+    }
