@@ -18,6 +18,7 @@ from ddp.config import Rendezvous
 from tests.helpers import run_ranks
 
 __all__ = [
+    "BatchNormNet",
     "Branches",
     "Deep",
     "assert_same_params",
@@ -86,6 +87,17 @@ class Deep(nn.Module):
         for layer in self.layers:
             x = torch.tanh(layer(x))
         return self.head(x)
+
+
+class BatchNormNet(nn.Module):
+    """A BatchNorm layer: running stats are buffers that DDP must broadcast."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(24, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+
+    def forward(self, x):
+        return self.net(x)
 
 
 class Branches(nn.Module):

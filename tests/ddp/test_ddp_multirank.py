@@ -6,7 +6,6 @@ of cases and returns a verdict per case; the tests then report case by case.
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Callable
 
 import pytest
@@ -16,60 +15,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from ddp import DistributedDataParallel
-from ddp.config import Rendezvous
+from tests.ddp.common import BatchNormNet, Deep, run_cases, seeded, verdicts
 from tests.helpers import run_ranks
 
 ATOL = 1e-5
 STEPS = 4
 
 
-def _init(rdzv: Rendezvous) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=rdzv.init_method, rank=rdzv.rank, world_size=rdzv.world_size
-    )
-
-
-def _run_cases(rdzv: Rendezvous, names: list[str]) -> dict[str, str]:
-    """Run the named cases (of ``CASES``) on this rank; 'ok' or the formatted error, per case.
-    Names, not functions, cross the process boundary: closures do not pickle."""
-    _init(rdzv)
-    out = {}
-    try:
-        for name in names:
-            try:
-                CASES[name](rdzv.rank, rdzv.world_size)
-                out[name] = "ok"
-            except Exception:
-                out[name] = traceback.format_exc()
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    return out
-
-
 # ---- models -----------------------------------------------------------------------------------
 
 
-class _Deep(nn.Module):
-    def __init__(self, depth: int = 6, width: int = 24) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
-        self.head = nn.Linear(width, 4)
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = torch.tanh(layer(x))
-        return self.head(x)
-
-
-class _BatchNorm(nn.Module):
+class _Deep(Deep):
     def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(24, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
-
-    def forward(self, x):
-        return self.net(x)
+        super().__init__(depth=6)
 
 
 class _Tied(nn.Module):
@@ -134,11 +92,6 @@ def _data(rank: int, world: int, steps: int = STEPS, local: int = 6):
     return batches
 
 
-def _make(cls, seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return cls()
-
-
 def _sgd(m: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
 
@@ -156,7 +109,7 @@ def _assert_params_close(a: nn.Module, b: nn.Module, step: int) -> None:
 
 def _vs_torch(cls, find_unused: bool = False, **ours_kwargs) -> Callable[[int, int], None]:
     def case(rank: int, world: int) -> None:
-        ours_m, theirs_m = _make(cls), _make(cls)
+        ours_m, theirs_m = seeded(cls), seeded(cls)
         ours = DistributedDataParallel(ours_m, find_unused_parameters=find_unused, **ours_kwargs)
         theirs = nn.parallel.DistributedDataParallel(
             theirs_m,
@@ -180,7 +133,7 @@ def _vs_single_process(cap_mb: float, overlap: bool, as_view: bool) -> Callable[
     """DDP on the local slice must equal one process on the global batch, every step."""
 
     def case(rank: int, world: int) -> None:
-        model, ref = _make(_Deep), _make(_Deep)
+        model, ref = seeded(_Deep), seeded(_Deep)
         ddp = DistributedDataParallel(
             model, bucket_cap_mb=cap_mb, overlap=overlap, gradient_as_bucket_view=as_view
         )
@@ -202,7 +155,7 @@ def _vs_single_process(cap_mb: float, overlap: bool, as_view: bool) -> Callable[
 def _no_sync_accumulation(rank: int, world: int) -> None:
     """K micro-batches, K-1 of them under no_sync(), equal one step on the whole batch."""
     k = 3
-    model, ref = _make(_Deep), _make(_Deep)
+    model, ref = seeded(_Deep), seeded(_Deep)
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.001)
     opt, ref_opt = _sgd(model), _sgd(ref)
     for step, (x, y, mine) in enumerate(_data(rank, world, local=6 * k)):
@@ -225,7 +178,7 @@ def _no_sync_accumulation(rank: int, world: int) -> None:
 
 
 def _unused_without_flag_raises(rank: int, world: int) -> None:
-    ddp = DistributedDataParallel(_make(_Branches))
+    ddp = DistributedDataParallel(seeded(_Branches))
     x, y, mine = _data(rank, world)[0]
     with pytest.raises(RuntimeError, match="find_unused_parameters=True") as err:
         F.cross_entropy(ddp(x[mine]), y[mine]).backward()
@@ -235,7 +188,7 @@ def _unused_without_flag_raises(rank: int, world: int) -> None:
 
 
 def _different_models_raise(rank: int, world: int) -> None:
-    module = _make(_Deep) if rank == 0 else nn.Sequential(_make(_Deep), nn.Linear(4, 4))
+    module = seeded(_Deep) if rank == 0 else nn.Sequential(seeded(_Deep), nn.Linear(4, 4))
     with pytest.raises(RuntimeError, match="ranks built different models"):
         DistributedDataParallel(module)
 
@@ -266,7 +219,7 @@ def _nothing_to_reduce(rank: int, world: int) -> None:
     (which then has no backward to run): the allreduce must still happen, with rank 1
     contributing zeros. (torch's DDP hangs there: rank 1 never launches its buckets.)"""
     with pytest.raises(RuntimeError, match="doesn't have any parameter that requires a grad"):
-        DistributedDataParallel(_make(_NoTrainable))
+        DistributedDataParallel(seeded(_NoTrainable))
     torch.manual_seed(0)
     ours = DistributedDataParallel(_Idle(idle=rank == 1), find_unused_parameters=True)
     torch.manual_seed(0)
@@ -284,9 +237,9 @@ def _nothing_to_reduce(rank: int, world: int) -> None:
 
 
 def _replicas_start_equal(rank: int, world: int) -> None:
-    model = _make(_BatchNorm, seed=rank)  # deliberately different initial weights per rank
+    model = seeded(BatchNormNet, seed=rank)  # deliberately different initial weights per rank
     DistributedDataParallel(model)
-    ref = _make(_BatchNorm, seed=0)
+    ref = seeded(BatchNormNet, seed=0)
     _assert_params_close(model, ref, step=-1)
 
 
@@ -296,7 +249,7 @@ def _four_ranks(rank: int, world: int) -> None:
 
 
 CASES = {
-    "batchnorm": _vs_torch(_BatchNorm),
+    "batchnorm": _vs_torch(BatchNormNet),
     "tied": _vs_torch(_Tied),
     "frozen": _vs_torch(_Frozen, bucket_cap_mb=0.001),
     "unused_by_rank": _vs_torch(_Branches, find_unused=True, bucket_cap_mb=0.001),
@@ -321,18 +274,17 @@ CASES["single_process_bucket_view"] = _vs_single_process(0.002, True, as_view=Tr
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return run_ranks(_run_cases, 2, tmp_path_factory.mktemp("rdzv"), list(CASES), timeout_s=150)
+    rdzv = tmp_path_factory.mktemp("rdzv")
+    return run_ranks(run_cases, 2, rdzv, __name__, list(CASES), timeout_s=150)
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", list(CASES))
 def test_case_on_every_rank(results, case):
-    for rank, per_case in sorted(results.items()):
-        assert per_case[case] == "ok", f"rank {rank}:\n{per_case[case]}"
+    verdicts(results, case)
 
 
 @pytest.mark.timeout(200)
 def test_four_ranks(tmp_path):
-    results = run_ranks(_run_cases, 4, tmp_path, ["four_rank_mix"], timeout_s=150)
-    for rank, per_case in sorted(results.items()):
-        assert per_case["four_rank_mix"] == "ok", f"rank {rank}:\n{per_case['four_rank_mix']}"
+    results = run_ranks(run_cases, 4, tmp_path, __name__, ["four_rank_mix"], timeout_s=150)
+    verdicts(results, "four_rank_mix")

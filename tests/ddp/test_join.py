@@ -13,6 +13,7 @@ from torch.distributed.algorithms.join import Join
 
 from ddp import DistributedDataParallel
 from tests.ddp.common import (
+    BatchNormNet,
     Branches,
     Deep,
     assert_same_params,
@@ -26,15 +27,6 @@ from tests.ddp.common import (
 from tests.helpers import run_ranks
 
 ATOL = 1e-6
-
-
-class _BatchNorm(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(24, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
-
-    def forward(self, x):
-        return self.net(x)
 
 
 def _train(model, rank: int, ctx, n: int, no_sync_every: int = 0) -> None:
@@ -103,7 +95,7 @@ CASES = {
     "allreduce_hook": _vs_torch(hook=default_hooks.allreduce_hook),
     "fp16_hook": _vs_torch(hook=default_hooks.fp16_compress_hook, extra=2),
     "find_unused": _vs_torch(Branches, find_unused_parameters=True),
-    "batchnorm_buffers": _vs_torch(_BatchNorm, extra=2),
+    "batchnorm_buffers": _vs_torch(BatchNormNet, extra=2),
     "no_sync_while_joined": _vs_torch(extra=3, no_sync_every=2),
     "bucket_view_small_buckets": _vs_torch(gradient_as_bucket_view=True, bucket_cap_mb=0.002),
     "throw_on_early_termination": _throw_on_early_termination,
