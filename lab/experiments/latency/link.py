@@ -1,8 +1,5 @@
 """The sweep's link at one delay: the cluster's nodes shaped and verified
-(:func:`lab.shaping.link.shaped`) for as long as the configurations at that delay run.
-
-A shaping failure becomes a :class:`~lab.engine.client.LabError` the CLI prints: a link that is
-not what was asked means nothing was measured.
+(:func:`lab.verified_link.verified_link`) for as long as the configurations at that delay run.
 """
 
 from __future__ import annotations
@@ -10,12 +7,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from lab.engine.client import LabError
 from lab.engine.cluster import Cluster
 from lab.experiments.latency.plan import LatencyPlan
 from lab.experiments.latency.result import LinkReport
-from lab.shaping.base import LinkMismatch, ShapingError, nodes_of
-from lab.shaping.link import shaped
+from lab.verified_link import verified_link
 
 __all__ = ["link"]
 
@@ -29,18 +24,10 @@ def link(
     if ms == 0 and not (plan.rate_mbit or plan.impair or plan.node_ms):
         yield LinkReport(ms, "none", line="link unshaped (--ms 0): the bridge's own latency")
         return
-    entered = False
-    try:
-        with shaped(nodes_of(cluster), ms, plan.shaper, plan.rate_mbit, max_seconds=max_seconds,
-                    node_ms=dict(plan.node_ms), impair=plan.impair) as rep:  # fmt: skip
-            entered = True
-            yield LinkReport(
-                ms, rep.shaper, rep.note, rep.line(), rep.measured.get("p50_ms"),
-                rep.measured.get("p90_ms"), rep.baseline.get("p50_ms"),
-            )  # fmt: skip
-    except LinkMismatch as e:
-        raise LabError(f"link check failed at {ms:g} ms, nothing was measured: {e}") from None
-    except ShapingError as e:
-        # Undoing can fail after the sweep ran (entered): the nodes are removed anyway.
-        when = "undoing the shaping" if entered else "shaping the link"
-        raise LabError(f"{when} at {ms:g} ms failed: {e}") from None
+    with verified_link(cluster, f"at {ms:g} ms", ms, plan.shaper, plan.rate_mbit,
+                       max_seconds=max_seconds, node_ms=dict(plan.node_ms),
+                       impair=plan.impair) as rep:  # fmt: skip
+        yield LinkReport(
+            ms, rep.shaper, rep.note, rep.line(), rep.measured.get("p50_ms"),
+            rep.measured.get("p90_ms"), rep.baseline.get("p50_ms"),
+        )  # fmt: skip
