@@ -29,7 +29,8 @@ __all__ = [
     "flag_of",
 ]
 
-MODEL_NAMES = ("mini", "deep", "branchy", "conv")  # ddp.models.MODELS has exactly these keys
+# ddp.models.MODELS has exactly these keys
+MODEL_NAMES = ("mini", "deep", "branchy", "conv", "tower")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")  # ddp.comm_hooks.COMM_HOOKS, torch-free
 # PowerSGD runs a plain allreduce for its first iterations (torch's start_powerSGD_iter) and
 # compresses from step POWERSGD_START_ITER + 1 on; measurements of it must skip those steps.

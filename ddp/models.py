@@ -6,6 +6,10 @@
 - ``conv``: a 1-D convolution stack over the 32 features read as a signal: every weight is
   reused at every position, so backward computes ~32x more per gradient byte than an MLP at the
   same batch (the overlap experiment: backward long enough to hide the allreduces behind).
+- ``tower``: the ``conv`` stack made thin and tall (40 convolutions of 48 channels): 82
+  tensors of 1.1 MB in all, so per-parameter allreduce pays its latency floor 82 times while a
+  few buckets are bandwidth-bound, and backward fills them one layer at a time (the latency
+  experiment's default: bucketing and overlap both pay).
 - ``branchy``: an optional layer applied only to the samples that select it; on a small local
   batch some ranks see no such sample and the layer goes unused there (and sometimes on every
   rank), which needs ``find_unused_parameters=True``.
@@ -19,7 +23,7 @@ from torch import nn
 
 from ddp.config import MODEL_NAMES
 
-__all__ = ["MODELS", "BranchyMLP", "ConvNet", "DeepMLP", "MiniMLP", "build_model"]
+__all__ = ["MODELS", "BranchyMLP", "ConvNet", "DeepMLP", "MiniMLP", "TowerNet", "build_model"]
 
 IN_FEATURES = 32
 NUM_CLASSES = 8
@@ -77,6 +81,13 @@ class ConvNet(nn.Module):
         return self.head(self.body(signal).mean(dim=2))
 
 
+class TowerNet(ConvNet):
+    """``ConvNet`` with 40 layers of 48 channels: many small, equal gradient tensors."""
+
+    def __init__(self, channels: int = 48, depth: int = 40, length: int = IN_FEATURES) -> None:
+        super().__init__(channels=channels, depth=depth, length=length)
+
+
 class BranchyMLP(nn.Module):
     """Two always-used branches plus a ``rare`` layer for samples whose first feature exceeds
     ``threshold``. Masking per sample keeps the global-batch reference exact: the rare layer's
@@ -99,7 +110,13 @@ class BranchyMLP(nn.Module):
         return self.head(h)
 
 
-MODELS = {"mini": MiniMLP, "deep": DeepMLP, "branchy": BranchyMLP, "conv": ConvNet}
+MODELS = {
+    "mini": MiniMLP,
+    "deep": DeepMLP,
+    "branchy": BranchyMLP,
+    "conv": ConvNet,
+    "tower": TowerNet,
+}
 # The configuration names the models without importing torch; the two lists must agree.
 assert tuple(MODELS) == MODEL_NAMES, (tuple(MODELS), MODEL_NAMES)
 

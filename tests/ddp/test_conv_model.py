@@ -1,5 +1,6 @@
-"""The ``conv`` model (the latency experiment's default workload): its shape, its bucket plan
-at the caps the experiment uses, and parity of a real 2-rank run."""
+"""The ``conv`` model and its thin, tall variant ``tower`` (the latency experiment's default
+workload): their shapes, their bucket plans at the caps the experiments use, and parity of a
+real 2-rank run."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp.buckets import plan_buckets
+from ddp.buckets import plan_buckets, torch_caps
 from ddp.models import IN_FEATURES, NUM_CLASSES, ConvNet, build_model
 from ddp.records import load_run
 
@@ -54,3 +55,16 @@ def test_conv_parity_with_eight_buckets(tmp_path):
     # step 1 runs with one bucket, then the plan is rebuilt by the cap (ddp.bucket_rebuild)
     assert [s.num_buckets for s in load_run(tmp_path)[0].steps] == [1, 8, 8]
     assert r.stdout.splitlines()[-1].startswith("parity holds: 2 replicas identical")
+
+
+def test_tower_has_82_equal_small_layers_and_seven_buckets_at_the_latency_default():
+    params = list(build_model("tower", seed=0).parameters())
+    assert len(params) == 82  # 40 convolutions and the head, weight and bias each
+    inner = [p.numel() for p in params[2:80]]
+    assert set(inner[0::2]) == {48 * 48 * 3} and set(inner[1::2]) == {48}
+    total = sum(p.numel() * 4 for p in params)
+    assert 1.0e6 < total < 1.2e6
+    caps = {cap: torch_caps(cap) for cap in (0.15, 25)}  # lab latency's explicit caps
+    plan = plan_buckets(params, caps[0.15][1], caps[0.15][0], close_at_cap=True)
+    assert len(plan) == 7  # about five convolutions a bucket
+    assert len(plan_buckets(params, caps[25][1], caps[25][0], close_at_cap=True)) == 1

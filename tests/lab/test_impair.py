@@ -123,7 +123,7 @@ def test_the_commands_plan_the_impairments():
     from lab.experiments import latency, straggler
 
     _, subs = build_parser()
-    flags = "--jitter-ms 1 --jitter-distribution normal --loss-pct 2 --node-ms 2:20"
+    flags = "--jitter-ms 1 --jitter-distribution normal --loss-pct 2 --nodes 4 --node-ms 2:20"
     args = subs["latency"].parse_args(flags.split())
     p = latency.plan(args)
     assert p.impair == Impairments(1.0, "normal", 2.0, seed=0) and p.node_ms == ((2, 20.0),)

@@ -69,7 +69,7 @@ def test_job_names_are_unique_per_delay_configuration_and_round():
         ({"shaper": "tc"}, "--shaper must be one of auto, netem, nfqueue"),
         ({"rate_mbit": 0.0}, "--rate-mbit must be a finite number > 0"),
         ({"cpus": float("nan")}, "--cpus must be a finite number > 0"),
-        ({"train": TRAIN_DEFAULTS.replace(batch_size=30)}, "--batch-size 30 is not divisible"),
+        ({"train": TRAIN_DEFAULTS.replace(batch_size=31)}, "--batch-size 31 is not divisible"),
         ({"run_timeout_s": 60.0}, "--collective-timeout 60 must be below --run-timeout 60"),
     ],
 )
@@ -107,11 +107,11 @@ def test_cli_rejects_bad_arguments_before_any_docker_call(argv, message, capsys)
 def test_cli_defaults_flags_and_help(capsys):
     plan = _plan("--ms", "1", "--ms", "5")
     assert plan.ms == (1.0, 5.0)
-    assert plan.caps == (0.0, 0.15, 1.0)
-    assert (plan.rounds, plan.warmup, plan.nodes, plan.run_timeout_s) == (2, 2, 4, 300.0)
+    assert plan.caps == (0.0, 0.15, 25.0)
+    assert (plan.rounds, plan.warmup, plan.nodes, plan.run_timeout_s) == (2, 2, 2, 300.0)
     assert plan.train == TRAIN_DEFAULTS and plan.train.collective_timeout_s == 60.0
-    assert (plan.train.model, plan.train.batch_size, plan.train.steps) == ("conv", 1024, 6)
-    assert plan.rate_mbit == 100.0 and plan.cpus is None
+    assert (plan.train.model, plan.train.batch_size, plan.train.steps) == ("tower", 2048, 6)
+    assert plan.rate_mbit == 20.0 and plan.cpus is None
     assert _plan().ms == (5.0,)
     assert _plan("--rate-mbit", "0").rate_mbit is None  # 0: no rate cap
     capped = _plan("--rate-mbit", "250", "--cpus", "0.5")
@@ -129,8 +129,8 @@ def test_cli_defaults_flags_and_help(capsys):
     # The sweep varies cap, overlap and sync itself: those ddp flags are not offered.
     for flag in ("--bucket-cap-mb", "--no-overlap", "--sync", "--timeout "):
         assert flag not in text
-    assert "model to train (default conv)" in text  # TrainConfig's help, the sweep's default
-    assert "The default workload is chosen so that overlap can pay" in text
+    assert "model to train (default tower)" in text  # TrainConfig's help, the sweep's default
+    assert "The default workload is chosen so that bucketing and overlap both pay" in text
     assert "a model of accelerator compute" in text  # --backward-ms
 
 

@@ -253,6 +253,6 @@ def test_write_outputs_from_collected_logs(tmp_path):
     assert HEADLINE.match(console.headline_line(out.headlines[0]))
     assert len(doc["rows"]) == 5 and doc["rows"][1]["steps_measured"] == 8  # 2 rounds x 4
     assert len(doc["runs"]) == 10 and doc["runs"][0]["name"] == "5ms-nosync-r1"
-    assert doc["settings"]["train"]["model"] == "conv" and doc["settings"]["caps"] == [0, 1]
+    assert doc["settings"]["train"]["model"] == "tower" and doc["settings"]["caps"] == [0, 1]
     trace = json.loads((tmp_path / "trace.json").read_text())
     assert len({e["pid"] for e in trace["traceEvents"]}) == 4  # every allreduce configuration

@@ -21,6 +21,7 @@ from lab import args as common
 from lab.experiments.latency.console import DEFINITIONS
 from lab.experiments.latency.plan import (
     DEFAULT_CAPS,
+    DEFAULT_NODES,
     DEFAULT_RATE_MBIT,
     QUICK,
     TRAIN_DEFAULTS,
@@ -31,7 +32,7 @@ from lab.shaping.registry import CHOICES
 NAME = "latency"
 HELP = "inject link latency between containers; sweep bucket caps and overlap"
 DESCRIPTION = (
-    "Real delayed packets between four containers (netem, or an NFQUEUE delayer where the "
+    "Real delayed packets between containers (netem, or an NFQUEUE delayer where the "
     "kernel has no netem), verified by a TCP probe, then per-parameter allreduce vs bucket "
     "caps, each with overlap on and off, plus a no-sync floor."
 )
@@ -44,23 +45,23 @@ def _wrap(term: str) -> str:
 
 
 _WORKLOAD = (
-    f"The default workload is chosen so that overlap can pay with real CPU compute: model "
-    f"{TRAIN_DEFAULTS.model} (8 convolutions over the 32 features read as a signal, 1.3 MB of "
-    f"gradients, 18 tensors), global batch {TRAIN_DEFAULTS.batch_size}, one thread per rank, a "
-    f"{DEFAULT_RATE_MBIT:g} Mbit/s rate cap and caps {','.join(f'{c:g}' for c in DEFAULT_CAPS)}. "
-    "Overlap hides an allreduce only behind the backward that runs after its bucket filled, "
-    "and never the last bucket's. So backward must last about as long as the communication "
-    "(here backward takes ~250-600 ms per step, the allreduces 200-450 ms after it with overlap "
-    "off; the deep MLP's backward is ~30 ms for 2.7 MB), and the "
+    f"The default workload is chosen so that bucketing and overlap both pay with real CPU "
+    f"compute: {DEFAULT_NODES} nodes (one core per rank on a 2-core host), model "
+    f"{TRAIN_DEFAULTS.model} (40 thin convolutions over the 32 features read as a signal: 82 "
+    f"tensors, 1.1 MB of gradients), global batch {TRAIN_DEFAULTS.batch_size}, one thread per "
+    f"rank, a {DEFAULT_RATE_MBIT:g} Mbit/s rate cap and caps "
+    f"{','.join(f'{c:g}' for c in DEFAULT_CAPS)}. Per parameter, 82 latency-bound allreduces "
+    "take over a second per step; a few buckets are bandwidth-bound instead (the bucketing "
+    "lesson). Overlap hides an allreduce only behind the backward that runs after its bucket "
+    "filled, and never the last bucket's. So backward must last about as long as the "
+    "communication (here ~370-430 ms of backward against ~410-480 ms of allreduce), and the "
     "communication must be bandwidth-bound and serial (the rate cap: two allreduces in flight "
-    "share the link), or overlap off merges everything into one or two latency-bound "
-    "allreduces and loses nothing. Cap 0.15 MB gives every convolution its own bucket: the "
-    "first fills after 1/8 of backward, the last carries only the tiny first layer. The "
-    "console prints, per bucket, the compute that filled it and its allreduce time. On a "
-    "2-core host four ranks leave no core for communication during backward: the allreduces "
-    "launched under it crawl, and the default's overlap gain is ~1.0-1.1x when the host is "
-    "quiet. One core per rank (--nodes 2 --rate-mbit 25 --batch-size 2048 --caps 0.35,1.4) "
-    "measured 1.27x: README, 'Why this default'."
+    "share the link), or overlap off merges everything into one latency-bound allreduce and "
+    "loses nothing. Cap 0.15 MB gives 7 buckets of about five convolutions each, the first "
+    "filling after 1/6 of backward; cap 25 (torch's default) gives one bucket, which overlap "
+    "cannot help. The console prints, per bucket, the compute that filled it and its allreduce "
+    "time. Four ranks on two cores (--nodes 4) starve communication during backward and "
+    "overlap then gains ~1.0-1.1x: README, 'Why this default'."
 )
 
 EPILOG = "\n".join(
@@ -126,8 +127,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MS", help="a model of accelerator compute, added to the real CPU compute: "
         f"{_BACKWARD.metadata['help']} (ddp train's {flag_of('backward_delay_ms')}; default 0)",
     )  # fmt: skip
-    p.add_argument("--nodes", type=common.number(2, kind=int), default=4,
-                   help="containers, one rank each (default 4)")  # fmt: skip
+    p.add_argument("--nodes", type=common.number(2, kind=int), default=DEFAULT_NODES,
+                   help="containers, one rank each (default %(default)s: a core per rank on "
+                   "a 2-core host)")  # fmt: skip
     p.add_argument(
         "--quick", action="store_true",
         help=f"a first look: {QUICK['rounds']} round of {QUICK['steps']} steps at caps "

@@ -22,6 +22,7 @@ from lab.shaping.registry import CHOICES
 
 __all__ = [
     "DEFAULT_CAPS",
+    "DEFAULT_NODES",
     "DEFAULT_RATE_MBIT",
     "QUICK",
     "TRAIN_DEFAULTS",
@@ -31,23 +32,26 @@ __all__ = [
     "job_name",
 ]
 
-# The default workload is chosen so that overlap can pay with real CPU compute (README, "Why
-# this default"). Overlap hides an allreduce only behind the backward that runs after its
-# bucket filled, and never the last bucket's, so backward must last about as long as the
-# communication, and the communication must be bandwidth-bound and serial (a rate cap), or the
-# no-overlap side merges everything into one latency-bound allreduce and loses nothing.
-# Measured here: the conv model's backward at a global batch of 1024 takes ~250-600 ms (with
-# the host's load), its 1.3 MB of gradients 200-450 ms of allreduce at 100 Mbit/s.
-DEFAULT_RATE_MBIT = 100.0
-# 0: one allreduce per tensor (18: the bucketing lesson); 0.15: every convolution its own
-# bucket (8: the first fills after 1/8 of backward, the last holds only the tiny first layer);
-# 1: two buckets, the first filling near the end of backward (the best overlap-off can do).
-DEFAULT_CAPS = (0.0, 0.15, 1.0)  # MB
+# The default workload is chosen so that both bucketing and overlap pay with real CPU compute
+# (README, "Why this default"). Overlap hides an allreduce only behind the backward that runs
+# after its bucket filled, and never the last bucket's, so backward must last about as long as
+# the communication, and the communication must be bandwidth-bound and serial (a rate cap), or
+# the no-overlap side merges everything into one latency-bound allreduce and loses nothing.
+# Two nodes: on a 2-core host each rank then has a core, and communication is not starved
+# during backward (with four ranks it is). Measured here, quiet host: the tower's backward at a
+# global batch of 2048 takes ~370-430 ms, its 1.1 MB of gradients ~410-480 ms of allreduce at
+# 20 Mbit/s; per-parameter, 82 latency-bound allreduces take over a second.
+DEFAULT_NODES = 2
+DEFAULT_RATE_MBIT = 20.0
+# 0: one allreduce per tensor (82: the bucketing lesson); 0.15: five convolutions a bucket (7:
+# the first fills after 1/6 of backward, the last holds the small first layers); 25: torch's
+# default cap, one bucket here, which overlap cannot help.
+DEFAULT_CAPS = (0.0, 0.15, 25.0)  # MB
 # --quick: one round of fewer steps, per-parameter vs the overlap cap only.
 QUICK = {"steps": 5, "rounds": 1, "caps": (0.0, 0.15)}
 # The collective timeout is well below the run timeout, so a rank that lost a peer says so
 # (its diagnosis) before lab stops the configuration.
-TRAIN_DEFAULTS = TrainConfig(model="conv", steps=6, batch_size=1024, seed=0,
+TRAIN_DEFAULTS = TrainConfig(model="tower", steps=6, batch_size=2048, seed=0,
                              collective_timeout_s=60.0)  # fmt: skip
 
 
@@ -115,7 +119,7 @@ class LatencyPlan:
     caps: tuple[float, ...] = DEFAULT_CAPS
     warmup: int = 2  # first steps include gloo's connection set-up: not measured
     rounds: int = 2  # the whole plan runs this often, interleaved: load drift hits all alike
-    nodes: int = 4
+    nodes: int = DEFAULT_NODES
     train: TrainConfig = field(default_factory=lambda: TRAIN_DEFAULTS)
     timeline_cap: float | None = None  # None: the fastest bucketed cap with overlap on
     run_timeout_s: float = 300.0  # wall time of one configuration
