@@ -1,5 +1,6 @@
-"""How ``lab latency`` follows one configuration's job, without Docker: progress from rank 0's
-step records, and which exits count as finished (from exit codes and end records only)."""
+"""How a sweep (``lab latency``, ``straggler``, ``compress``) follows one job, without Docker:
+progress from rank 0's step records, and which exits count as finished (from exit codes and end
+records only; ``lab.experiments.followed``)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,22 @@ import pytest
 from ddp.records import EndRecord, StepRecord
 from lab.engine.client import NodeFailed, RunTimeout
 from lab.engine.events import LineEvent, RecordEvent
-from lab.experiments.latency.plan import LatencyPlan
-from lab.experiments.latency.sweep import _check_finished
+from lab.experiments.followed import check_finished
 from lab.progress import Progress, follow_steps
 
-RUN = Path("runs/r1")
-PLANNED = LatencyPlan(caps=(1,)).jobs(5.0)[1]  # cap 1 MB, overlap on, round 1
+OUTPUT = Path("runs/r1/5ms-cap1-overlap-r1")
+
+
+def _check_finished(job, running, *, broken_parity_ok=True):
+    check_finished(
+        job, running, where="cap 1 MB, overlap on at 5 ms (round 1)", output=OUTPUT,
+        timeout_s=300, slow_hint="a low --rate-mbit makes steps slow",
+        broken_parity_ok=broken_parity_ok,
+    )  # fmt: skip
 
 
 class _Job:
-    """What _check_finished reads of a job: exit codes, records, last lines."""
+    """What check_finished reads of a job: exit codes, records, last lines."""
 
     def __init__(self, codes: dict[int, int], ended: set[int]):
         self.codes = codes
@@ -31,8 +38,13 @@ class _Job:
 
 
 def test_finished_means_exit_0_or_1_with_an_end_record():
-    _check_finished(_Job({0: 0, 1: 0}, {0, 1}), [], PLANNED, 300, RUN)
-    _check_finished(_Job({0: 1, 1: 1}, {0, 1}), [], PLANNED, 300, RUN)  # parity broken: finished
+    _check_finished(_Job({0: 0, 1: 0}, {0, 1}), [])
+    _check_finished(_Job({0: 1, 1: 1}, {0, 1}), [])  # parity broken (the floor): finished
+
+
+def test_where_parity_must_hold_exit_1_is_a_failed_rank():
+    with pytest.raises(NodeFailed, match=re.escape("rank 0 exited with code 1 before finishing")):
+        _check_finished(_Job({0: 1, 1: 0}, {0, 1}), [], broken_parity_ok=False)
 
 
 @pytest.mark.parametrize(
@@ -45,7 +57,7 @@ def test_finished_means_exit_0_or_1_with_an_end_record():
 )
 def test_anything_else_is_a_failed_rank(codes, ended, message):
     with pytest.raises(NodeFailed, match=re.escape(message)) as e:
-        _check_finished(_Job(codes, ended), [], PLANNED, 300, RUN)
+        _check_finished(_Job(codes, ended), [])
     assert "cap 1 MB, overlap on at 5 ms (round 1)" in str(e.value)
     assert "said goodbye" in str(e.value) and "all output in runs/r1/5ms-cap1-overlap-r1/" in str(
         e.value
@@ -54,7 +66,8 @@ def test_anything_else_is_a_failed_rank(codes, ended, message):
 
 def test_ranks_still_running_are_a_timeout():
     with pytest.raises(RunTimeout, match=r"ranks \[1\] still running after 300 s") as e:
-        _check_finished(_Job({0: 0}, {0}), [1], PLANNED, 300, RUN)
+        _check_finished(_Job({0: 0}, {0}), [1])
+    assert "raise --run-timeout (a low --rate-mbit makes steps slow)" in str(e.value)
     assert "raise --run-timeout" in str(e.value) and "runs/r1/5ms-cap1-overlap-r1/" in str(e.value)
 
 

@@ -13,17 +13,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from lab.engine.client import LabError, NodeFailed, RunTimeout, connect
+from lab.engine.client import LabError, connect
 from lab.engine.cluster import Cluster
 from lab.experiments.compress.link import capped
 from lab.experiments.compress.plan import CompressPlan, Planned
 from lab.experiments.compress.result import CompressResult, HookRun
-from lab.progress import Progress, follow_steps
+from lab.experiments.followed import train_to_end
 
 __all__ = ["run_compress"]
 
-_FAIL_GRACE_S = 10.0  # after a rank fails, how long the others get to say what they saw
-_WAIT_SLACK_S = 30.0  # the launcher ends ranks at --run-timeout; the host waits this much more
 _TX = ["cat", "/sys/class/net/eth0/statistics/tx_bytes"]
 
 
@@ -39,28 +37,13 @@ def _tx_bytes(cluster: Cluster) -> dict[int, int]:
 
 
 def _run_job(cluster: Cluster, plan: CompressPlan, p: Planned, echo: Callable) -> HookRun:
-    where = f"{p.hook} at {p.rate_mbit:g} Mbit/s (round {p.round}; output in " \
-            f"{cluster.run_dir}/{p.job}/)"  # fmt: skip
     started = time.monotonic()
     before = _tx_bytes(cluster)
-    progress = Progress(p.train.steps, enabled=plan.progress, echo=echo)
-    try:
-        job = cluster.train(p.job, p.train, plan.run_timeout_s, echo=follow_steps(progress))
-        running = job.wait(plan.run_timeout_s + _WAIT_SLACK_S, fail_grace_s=_FAIL_GRACE_S)
-    finally:
-        progress.close()
-    if running:
-        tails = "\n".join(f"  rank {r}:\n{job.last_lines(r, 3)}" for r in running)
-        raise RunTimeout(
-            f"{where}: ranks {running} still running after {plan.run_timeout_s:g} s; last "
-            f"lines:\n{tails}\nraise --run-timeout (a low --rate-mbit makes steps slow)"
-        )
-    for rank, code in job.codes.items():
-        if code != 0:
-            raise NodeFailed(
-                f"{where}: rank {rank} exited with code {code}; its last lines:\n"
-                f"{job.last_lines(rank, 15)}\n(if the image is stale, `python -m lab image`)"
-            )
+    job = train_to_end(
+        cluster, p.job, p.train, plan.run_timeout_s, progress=plan.progress, echo=echo,
+        where=f"{p.hook} at {p.rate_mbit:g} Mbit/s (round {p.round})",
+        slow_hint="a low --rate-mbit makes steps slow",
+    )  # fmt: skip
     after = _tx_bytes(cluster)
     parity = job.verdict is not None and job.verdict.holds
     tx = {n: after[n] - before[n] for n in before}

@@ -12,64 +12,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-from ddp.records import EndRecord, RankLog
-from lab.engine.client import NodeFailed, RunTimeout, connect
+from ddp.records import RankLog
+from lab.engine.client import connect
 from lab.engine.cluster import Cluster
-from lab.engine.job import Job
+from lab.experiments.followed import train_to_end
 from lab.experiments.latency.console import describe
 from lab.experiments.latency.link import link
 from lab.experiments.latency.plan import LatencyPlan, Planned
 from lab.experiments.latency.result import ConfigRun, SweepResult
 from lab.experiments.latency.stats import summarize
-from lab.progress import Progress, follow_steps
 from lab.words import count
 
 __all__ = ["run_sweep"]
 
-_FAIL_GRACE_S = 10.0  # after a rank fails, how long the others get to say what they saw
-_WAIT_SLACK_S = 30.0  # the launcher ends ranks at --run-timeout; the host waits this much more
 
-
-def _ended(job: Job, rank: int) -> bool:
-    return any(isinstance(r, EndRecord) for r in job.records.get(rank, []))
-
-
-def _check_finished(
-    job: Job, running: list[int], p: Planned, timeout_s: float, run_dir: Path
-) -> None:
-    """Every rank exited 0, or 1 with an end record (it finished, parity broken: by design for
-    the floor). Anything else is a crash, a timeout, or an image without this ddp."""
-    where = f"{p.conf.label} at {p.ms:g} ms (round {p.round})"
-    output = run_dir / p.job  # where the cluster collects the job's output on the way out
-    if running:
-        tails = "\n".join(f"  rank {r}:\n{job.last_lines(r, 3)}" for r in running)
-        raise RunTimeout(
-            f"{where}: ranks {running} still running after {timeout_s:g} s; last lines:\n"
-            f"{tails}\nraise --run-timeout, or look for a stuck rank (all output in {output}/)"
-        )
-    for rank, code in job.codes.items():
-        if code not in (0, 1) or not _ended(job, rank):
-            hint = " (stopped by --run-timeout)" if code in (124, 137) else ""
-            raise NodeFailed(
-                f"{where}: rank {rank} exited with code {code}{hint} before finishing; its last "
-                f"lines:\n{job.last_lines(rank, 15)}\n(all output in {output}/; "
-                "if the image is stale, `python -m lab image`)"
-            )
-
-
-def _run_config(
-    cluster: Cluster, plan: LatencyPlan, p: Planned, run_dir: Path, echo: Callable
-) -> ConfigRun:
+def _run_config(cluster: Cluster, plan: LatencyPlan, p: Planned, echo: Callable) -> ConfigRun:
     started = time.monotonic()
-    progress = Progress(p.train.steps, enabled=plan.progress, echo=echo)
-    try:
-        job = cluster.train(p.job, p.train, plan.run_timeout_s, echo=follow_steps(progress))
-        running = job.wait(plan.run_timeout_s + _WAIT_SLACK_S, fail_grace_s=_FAIL_GRACE_S)
-    finally:
-        progress.close()
-    _check_finished(job, running, p, plan.run_timeout_s, run_dir)
+    job = train_to_end(
+        cluster, p.job, p.train, plan.run_timeout_s, progress=plan.progress, echo=echo,
+        where=f"{p.conf.label} at {p.ms:g} ms (round {p.round})",
+        slow_hint="a low --rate-mbit makes steps slow", broken_parity_ok=True,
+    )  # fmt: skip
     logs = {rank: RankLog(rank, records) for rank, records in job.records.items()}
     stats = summarize([(f"job {p.job}", logs)], plan.warmup)
     parity = None
@@ -106,7 +70,7 @@ def run_sweep(plan: LatencyPlan, echo: Callable[[str], None] = print) -> SweepRe
                     echo(shaped.line)
                     result.links.append(shaped)
                     for p in plan.jobs(ms):
-                        result.runs.append(_run_config(cluster, plan, p, result.run_dir, echo))
+                        result.runs.append(_run_config(cluster, plan, p, echo))
                         echo(describe(result.runs[-1], len(result.runs), plan.total))
     finally:
         result.seconds = time.monotonic() - started

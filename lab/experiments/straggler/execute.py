@@ -15,20 +15,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab.engine.client import NodeFailed, RunTimeout, connect
+from lab.engine.client import connect
 from lab.engine.cluster import Cluster
+from lab.experiments.followed import train_to_end
 from lab.experiments.straggler.plan import (
     BASELINE_JOB,
     CPU_PERIOD_US,
     SLOWED_JOB,
     StragglerPlan,
 )
-from lab.progress import Progress, follow_steps
 
 __all__ = ["JobRun", "StragglerResult", "run_straggler"]
-
-_FAIL_GRACE_S = 10.0  # after a rank fails, how long the others get to say what they saw
-_WAIT_SLACK_S = 30.0  # the launcher ends ranks at --run-timeout; the host waits this much more
 
 
 @dataclass
@@ -54,25 +51,10 @@ class StragglerResult:
 
 def _run_job(cluster: Cluster, plan: StragglerPlan, name: str, echo: Callable) -> JobRun:
     started = time.monotonic()
-    progress = Progress(plan.train.steps, enabled=plan.progress, echo=echo)
-    try:
-        job = cluster.train(name, plan.train, plan.run_timeout_s, echo=follow_steps(progress))
-        running = job.wait(plan.run_timeout_s + _WAIT_SLACK_S, fail_grace_s=_FAIL_GRACE_S)
-    finally:
-        progress.close()
-    where = f"job {name} (all output in {cluster.run_dir}/{name}/)"
-    if running:
-        tails = "\n".join(f"  rank {r}:\n{job.last_lines(r, 3)}" for r in running)
-        raise RunTimeout(
-            f"{where}: ranks {running} still running after {plan.run_timeout_s:g} s; last "
-            f"lines:\n{tails}\nraise --run-timeout (a straggler with a tiny quota is slow)"
-        )
-    for rank, code in job.codes.items():
-        if code != 0:
-            raise NodeFailed(
-                f"{where}: rank {rank} exited with code {code}; its last lines:\n"
-                f"{job.last_lines(rank, 15)}\n(if the image is stale, `python -m lab image`)"
-            )
+    job = train_to_end(
+        cluster, name, plan.train, plan.run_timeout_s, progress=plan.progress, echo=echo,
+        where=f"job {name}", slow_hint="a straggler with a tiny quota is slow",
+    )  # fmt: skip
     parity = job.verdict is not None and job.verdict.holds
     return JobRun(name, dict(job.codes), parity, time.monotonic() - started)
 

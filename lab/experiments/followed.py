@@ -1,0 +1,84 @@
+"""One training job of a sweep, run to its end: a progress line while it runs (from rank 0's
+step records), then the rule every sweep holds its ranks to, so that a crash, a stuck rank or
+a stale image stops the sweep with the rank's last lines instead of a table built on half a run.
+
+Used by ``latency``, ``straggler`` and ``compress``: each job is ``cluster.train(...)``, followed
+with ``job.wait`` and judged from exit codes and records, never from text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ddp.config import TrainConfig
+from ddp.records import EndRecord
+from lab.engine.client import NodeFailed, RunTimeout
+from lab.engine.cluster import Cluster
+from lab.engine.job import Job
+from lab.progress import Progress, follow_steps
+
+__all__ = ["FAIL_GRACE_S", "WAIT_SLACK_S", "check_finished", "train_to_end"]
+
+FAIL_GRACE_S = 10.0  # after a rank fails, how long the others get to say what they saw
+WAIT_SLACK_S = 30.0  # the launcher ends ranks at --run-timeout; the host waits this much more
+
+
+def train_to_end(
+    cluster: Cluster,
+    name: str,
+    cfg: TrainConfig,
+    timeout_s: float,
+    *,
+    where: str,
+    slow_hint: str,
+    progress: bool,
+    echo: Callable[[str], None],
+    broken_parity_ok: bool = False,
+) -> Job:
+    """Run job ``name`` with ``cfg`` on every rank and return it once every rank finished;
+    raises as :func:`check_finished` does. ``where`` names the job in errors."""
+    shown = Progress(cfg.steps, enabled=progress, echo=echo)
+    try:
+        job = cluster.train(name, cfg, timeout_s, echo=follow_steps(shown))
+        running = job.wait(timeout_s + WAIT_SLACK_S, fail_grace_s=FAIL_GRACE_S)
+    finally:
+        shown.close()
+    check_finished(
+        job, running, where=where, output=cluster.run_dir / name, timeout_s=timeout_s,
+        slow_hint=slow_hint, broken_parity_ok=broken_parity_ok,
+    )  # fmt: skip
+    return job
+
+
+def check_finished(
+    job: Job,
+    running: list[int],
+    *,
+    where: str,
+    output: Path,
+    timeout_s: float,
+    slow_hint: str,
+    broken_parity_ok: bool = False,
+) -> None:
+    """Every rank wrote its end record and exited 0 (or 1, ddp's exit for broken parity, with
+    ``broken_parity_ok``: the no-sync floor breaks it by design). Else ``RunTimeout`` (ranks
+    still running; ``slow_hint`` says what to raise) or ``NodeFailed`` (a crash, the run
+    timeout, an image without this ddp), with the ranks' last lines."""
+    if running:
+        tails = "\n".join(f"  rank {r}:\n{job.last_lines(r, 3)}" for r in running)
+        raise RunTimeout(
+            f"{where}: ranks {running} still running after {timeout_s:g} s; last lines:\n"
+            f"{tails}\nraise --run-timeout ({slow_hint}), or look for a stuck rank (all "
+            f"output in {output}/)"
+        )
+    finishing = (0, 1) if broken_parity_ok else (0,)
+    for rank, code in job.codes.items():
+        ended = any(isinstance(r, EndRecord) for r in job.records.get(rank, []))
+        if code not in finishing or not ended:
+            hint = " (stopped by --run-timeout)" if code in (124, 137) else ""
+            raise NodeFailed(
+                f"{where}: rank {rank} exited with code {code}{hint} before finishing; its last "
+                f"lines:\n{job.last_lines(rank, 15)}\n(all output in {output}/; if the image "
+                "is stale, `python -m lab image`)"
+            )
