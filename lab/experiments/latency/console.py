@@ -106,11 +106,18 @@ def overlap_by_cap_line(rows: list[Row], ms: float) -> str:
 
 
 def headline_line(h: Headline) -> str:
-    """The command's last line, in the exact form the issue asks for."""
+    """The command's last line, in the exact form the issue asks for; a ratio whose sides were
+    not both run (e.g. --caps without 0) says which side is missing instead of "nanx"."""
+    bucketing = _ratio(h.bucketing_speedup, "n/a (--caps has no 0 or no bucketed cap)")
+    overlap = _ratio(h.overlap_gain, "n/a (overlap on and off not both run)")
     return (
-        f"bucketing speedup at {h.ms:g} ms: {h.bucketing_speedup:.1f}x "
-        f"(per-parameter vs best bucketed), overlap gain: {h.overlap_gain:.1f}x"
+        f"bucketing speedup at {h.ms:g} ms: {bucketing} (per-parameter vs best bucketed), "
+        f"overlap gain: {overlap}"
     )
+
+
+def _ratio(value: float, missing: str) -> str:
+    return missing if math.isnan(value) else f"{value:.1f}x"
 
 
 def _num(value: float, fmt: str) -> str:
