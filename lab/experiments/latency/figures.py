@@ -6,13 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from lab.experiments.latency.stats import Row
+from lab.words import count
 
 __all__ = ["plot_sweep"]
 
 
 def _cap_label(cap: float, calls: int | None) -> str:
     name = "per-param" if cap == 0 else f"{cap:g} MB"
-    return name if calls is None else f"{name}\n({calls} calls)"
+    return name if calls is None else f"{name}\n({count(calls, 'call')})"
 
 
 def plot_sweep(path: Path, rows: list[Row]) -> None:
