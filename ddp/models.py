@@ -7,7 +7,7 @@
   reused at every position, so backward computes ~32x more per gradient byte than an MLP at the
   same batch (the overlap experiment: backward long enough to hide the allreduces behind).
 - ``tower``: the ``conv`` stack made thin and tall (40 convolutions of 48 channels): 82
-  tensors of 1.1 MB in all, so per-parameter allreduce pays its latency floor 82 times while a
+  tensors, 1.1 MB in all, so per-parameter allreduce pays its latency floor 82 times while a
   few buckets are bandwidth-bound, and backward fills them one layer at a time (the latency
   experiment's default: bucketing and overlap both pay).
 - ``branchy``: an optional layer applied only to the samples that select it; on a small local
