@@ -19,7 +19,9 @@ __all__ = [
     "add_impairments",
     "add_run_timeout",
     "add_train_flags",
+    "check_finite",
     "check_timeouts",
+    "check_warmup",
     "float_list",
     "impairments",
     "node_value",
@@ -186,4 +188,23 @@ def check_timeouts(collective_timeout_s: float, run_timeout_s: float, what: str)
             f"--collective-timeout {collective_timeout_s:g} must be below --run-timeout "
             f"{run_timeout_s:g}: a rank that lost a peer must give up (and say which peer) "
             f"before lab stops the {what}; lower --collective-timeout or raise --run-timeout"
+        )
+
+
+def check_finite(flag: str, value: float, minimum: float, *, strict: bool = False) -> None:
+    """A plan's number must be finite and at least (``strict``: above) ``minimum``: NaN and
+    infinities pass argparse's converters when a plan is built in code. ValueError naming it."""
+    ok = math.isfinite(value) and (value > minimum if strict else value >= minimum)
+    if not ok:
+        bound = f"{'>' if strict else '>='} {minimum:g}"
+        raise ValueError(f"{flag} must be a finite number {bound}, got {value!r}")
+
+
+def check_warmup(warmup: int, steps: int) -> None:
+    """Some steps must be left to measure after the warm-up ones, which every sweep leaves out
+    of its medians. ValueError naming both flags."""
+    if warmup < 0 or steps <= warmup:
+        raise ValueError(
+            f"--steps must exceed the {warmup} warm-up steps (which include gloo's connection "
+            f"set-up), got --steps {steps}; raise --steps or lower --warmup"
         )

@@ -9,12 +9,11 @@ Pure: tested without Docker.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddp.config import COMM_HOOKS, POWERSGD_START_ITER, TrainConfig
-from lab.args import check_timeouts
+from lab.args import check_finite, check_timeouts, check_warmup
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE
 from lab.shaping.registry import CHOICES
@@ -76,13 +75,6 @@ class Planned:
     train: TrainConfig
 
 
-def _finite(flag: str, value: float, minimum: float, strict: bool = False) -> None:
-    ok = math.isfinite(value) and (value > minimum if strict else value >= minimum)
-    if not ok:
-        bound = f"{'>' if strict else '>='} {minimum:g}"
-        raise ValueError(f"{flag} must be a finite number {bound}, got {value!r}")
-
-
 @dataclass(frozen=True)
 class CompressPlan:
     """What ``python -m lab compress`` measures, and its bounds."""
@@ -105,7 +97,7 @@ class CompressPlan:
         if not self.rates:
             raise ValueError("--rate-mbit is empty; e.g. --rate-mbit 20,100,1000")
         for rate in self.rates:
-            _finite("--rate-mbit", rate, 0.0, strict=True)
+            check_finite("--rate-mbit", rate, 0.0, strict=True)
         if len(set(self.rates)) != len(self.rates):
             raise ValueError(f"--rate-mbit values repeat: {list(self.rates)}; give each once")
         unknown = [h for h in self.hooks if h not in COMM_HOOKS]
@@ -121,7 +113,7 @@ class CompressPlan:
                 f"--comm-hooks must include {BASELINE}: every hook is compared with the "
                 "uncompressed allreduce at the same rate"
             )
-        _finite("--ms", self.ms, 0.0)
+        check_finite("--ms", self.ms, 0.0)
         if self.shaper not in CHOICES:
             raise ValueError(f"--shaper must be one of {', '.join(CHOICES)}, got {self.shaper!r}")
         if "powersgd" in self.hooks and self.warmup < POWERSGD_START_ITER:
@@ -129,11 +121,7 @@ class CompressPlan:
                 f"--warmup must be >= {POWERSGD_START_ITER} with powersgd: its first "
                 f"{POWERSGD_START_ITER} steps run a plain allreduce, not compressed ones"
             )
-        if self.warmup < 0 or self.train.steps <= self.warmup:
-            raise ValueError(
-                f"--steps must exceed the {self.warmup} warm-up steps, got --steps "
-                f"{self.train.steps}; raise --steps or lower --warmup"
-            )
+        check_warmup(self.warmup, self.train.steps)
         if self.rounds < 1:
             raise ValueError(f"--rounds must be an integer >= 1, got {self.rounds!r}")
         if self.nodes < 2:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddp.config import TrainConfig
-from lab.args import check_timeouts
+from lab.args import check_finite, check_timeouts, check_warmup
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE
 from lab.shaping.impair import Impairments
@@ -104,11 +104,6 @@ class Planned:
     train: TrainConfig
 
 
-def _finite(flag: str, value: float, minimum: float) -> None:
-    if not math.isfinite(value) or value < minimum:
-        raise ValueError(f"{flag} must be a finite number >= {minimum:g}, got {value!r}")
-
-
 @dataclass(frozen=True)
 class LatencyPlan:
     """What ``python -m lab latency`` measures, and its bounds."""
@@ -140,7 +135,7 @@ class LatencyPlan:
                 f"0..{self.nodes - 1}"
             )
         for ms in self.ms:
-            _finite("--ms", ms, 0.0)
+            check_finite("--ms", ms, 0.0)
         if len(set(self.ms)) != len(self.ms):
             raise ValueError(f"--ms values repeat: {list(self.ms)}; give each delay once")
         if self.shaper not in CHOICES:
@@ -152,15 +147,10 @@ class LatencyPlan:
         if not self.caps:
             raise ValueError("--caps is empty; e.g. --caps 0,0.25,1,4,25")
         for cap in self.caps:
-            _finite("--caps", cap, 0.0)
+            check_finite("--caps", cap, 0.0)
         if len(set(self.caps)) != len(self.caps):
             raise ValueError(f"--caps values repeat: {list(self.caps)}; give each cap once")
-        if self.warmup < 0 or self.train.steps <= self.warmup:
-            raise ValueError(
-                f"--steps must exceed the {self.warmup} warm-up steps (which include gloo's "
-                f"connection set-up), got --steps {self.train.steps}; raise --steps or lower "
-                "--warmup"
-            )
+        check_warmup(self.warmup, self.train.steps)
         if self.rounds < 1:
             raise ValueError(f"--rounds must be an integer >= 1, got {self.rounds!r}")
         if self.nodes < 2:

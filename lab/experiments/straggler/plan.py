@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddp.config import TrainConfig
-from lab.args import check_timeouts
+from lab.args import check_timeouts, check_warmup
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE
 from lab.shaping.impair import Impairments
@@ -102,12 +102,7 @@ class StragglerPlan:
             raise ValueError(
                 "nothing slows the straggler: give --slowdown above 1, --cpus, or --slow-link-ms"
             )
-        if self.warmup < 0 or self.train.steps <= self.warmup:
-            raise ValueError(
-                f"--steps must exceed the {self.warmup} warm-up steps (which include gloo's "
-                f"connection set-up), got --steps {self.train.steps}; raise --steps or lower "
-                "--warmup"
-            )
+        check_warmup(self.warmup, self.train.steps)
         check_timeouts(self.train.collective_timeout_s, self.run_timeout_s, "job")
         self.train.local_batch(self.nodes)  # the global batch must split over the ranks
 
