@@ -11,7 +11,6 @@ pooled over them.
 from __future__ import annotations
 
 import argparse
-import sys
 import textwrap
 
 from ddp.config import COMM_HOOKS, POWERSGD_START_ITER
@@ -142,17 +141,15 @@ def report(result) -> int:
     """Exit 0 when every job kept its replicas identical, else 1."""
     from lab.experiments.compress.outputs import write_outputs
     from lab.experiments.compress.text import crossover_lines, format_table
+    from lab.experiments.reporting import written, wrote_line
 
-    try:
-        out = write_outputs(result)
-    except ValueError as e:  # the collected logs cannot give the figures (LogError included)
-        print(f"error: {e} (the logs are in {result.run_dir}/)", file=sys.stderr)
+    out = written(write_outputs, result)
+    if out is None:
         return 1
     print(format_table(out.rows, result.plan, result.links))
     for line in crossover_lines(out.crossovers):
         print(line)
-    names = ", ".join(f.name for f in out.files)
-    print(f"took {result.seconds:.0f} s; wrote {result.run_dir}/: {names}")
+    print(wrote_line(result, out.files))
     broken = [f"{r.hook} at {r.rate_mbit:g} Mbit/s" for r in out.rows if not r.parity]
     if broken:
         print(f"replicas DIVERGED in: {'; '.join(broken)}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import textwrap
 
 from ddp.config import TrainConfig, flag_of
@@ -178,11 +177,10 @@ def report(result) -> int:
     from lab.experiments.latency import console as text
     from lab.experiments.latency.bucket_stats import format_timing
     from lab.experiments.latency.files import write_outputs
+    from lab.experiments.reporting import written, wrote_line
 
-    try:
-        out = write_outputs(result)
-    except ValueError as e:  # the collected logs cannot give the figures (LogError included)
-        print(f"error: {e} (the logs are in {result.run_dir}/)", file=sys.stderr)
+    out = written(write_outputs, result)
+    if out is None:
         return 1
     train = result.plan.train
     print(text.format_table(out.rows, result.plan.rate_mbit, train.backward_delay_ms))
@@ -190,8 +188,7 @@ def report(result) -> int:
         print(f"per bucket, round 1 at {max(result.plan.ms):g} ms (the Gantt chart's pair):")
         for timing in out.timings:
             print(format_timing(timing))
-    names = ", ".join(f.name for f in out.files)
-    print(f"sweep took {result.seconds:.0f} s; wrote {result.run_dir}/: {names}")
+    print(wrote_line(result, out.files, took="sweep took"))
     broken = [r.config for r in out.rows if r.parity is False]
     if broken:
         print(f"parity BROKEN in: {'; '.join(broken)}")

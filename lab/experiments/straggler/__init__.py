@@ -11,7 +11,6 @@ into compute and waiting, beside the baseline, and draws one step of each job as
 from __future__ import annotations
 
 import argparse
-import sys
 import textwrap
 
 from ddp.flags import config_from_args
@@ -110,17 +109,15 @@ def run(plan: StragglerPlan):
 
 def report(result) -> int:
     """Exit 0 when both jobs finished with parity, else 1."""
+    from lab.experiments.reporting import written, wrote_line
     from lab.experiments.straggler.outputs import format_table, headline_line, write_outputs
 
-    try:
-        out = write_outputs(result)
-    except ValueError as e:
-        print(f"error: {e} (the logs are in {result.run_dir}/)", file=sys.stderr)
+    out = written(write_outputs, result)
+    if out is None:
         return 1
     print(f"{result.plan.describe()}; medians over the measured steps:")
     print(format_table(out.summary))
-    print(f"took {result.seconds:.0f} s; wrote {result.run_dir}/: "
-          f"{', '.join(f.name for f in out.files)}")  # fmt: skip
+    print(wrote_line(result, out.files))
     broken = [n for n, j in result.jobs.items() if not j.parity]
     if broken:
         print(f"parity BROKEN in: {', '.join(broken)}")
