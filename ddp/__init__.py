@@ -2,20 +2,31 @@
 unused-parameter detection and buffer broadcast, checked against a single process and against
 torch's own DDP.
 
-``import ddp`` is torch-free: the wrapper is imported on first use, so the configuration
-(:mod:`ddp.config`) and the log schema (:mod:`ddp.records`) stay cheap for the lab.
+The package is four rooms (see README.md, "Architecture"):
+
+* :mod:`ddp.wrapper`: the library, ``DistributedDataParallel`` and what it is built from;
+* :mod:`ddp.program`: one rank's training run, ``python -m ddp`` (config, train loop, records);
+* :mod:`ddp.flight`: the flight recorder and the diagnosis of a failed collective;
+* :mod:`ddp.bench`: ``python -m ddp.bench``, ours against torch's DDP.
+
+``import ddp`` stays torch-free, so the lab and the torch-free surface (:mod:`ddp.torchfree`)
+load fast: ``ddp.DistributedDataParallel`` imports torch on first use. Static tools see it
+through the ``TYPE_CHECKING`` import below.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ddp.wrapper.distributed import DistributedDataParallel
 
 __all__ = ["DistributedDataParallel"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "DistributedDataParallel":
-        from ddp.distributed import DistributedDataParallel
+        from ddp.wrapper.distributed import DistributedDataParallel
 
         return DistributedDataParallel
     raise AttributeError(f"module 'ddp' has no attribute {name!r}")

@@ -6,7 +6,7 @@
     python -m ddp train --rank 1 --world-size 4 --init-method file:///shared/rdzv
     torchrun --nproc-per-node 2 -m ddp train
 
-Exit codes: see ``ddp.outcome``.
+Exit codes: see ``ddp.program.outcome``.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddp.config import Rendezvous, TrainConfig
-from ddp.flags import add_train_arguments, config_from_args
-from ddp.launch import spawn_local
-from ddp.logs import setup_logging
-from ddp.outcome import EXIT_CODES, run_guarded
-from ddp.rendezvous import check_reachable
-from ddp.train import run_rank
+from ddp.program.config import Rendezvous, TrainConfig
+from ddp.program.flags import add_train_arguments, config_from_args
+from ddp.program.launch import spawn_local
+from ddp.program.logs import setup_logging
+from ddp.program.outcome import EXIT_CODES, run_guarded
+from ddp.program.rendezvous import check_reachable
+from ddp.program.train import run_rank
 
 __all__ = ["main"]
 

@@ -8,8 +8,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from ddp.config import GROUPS, TrainConfig, flag_of
-from ddp.flags import add_train_arguments
+from ddp.torchfree import GROUPS, TrainConfig, add_train_arguments, flag_of
 from lab.engine.specs import DEFAULT_IMAGE
 from lab.shaping.impair import DISTRIBUTIONS, Impairments
 

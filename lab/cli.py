@@ -66,7 +66,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit codes: 0 success, 1 failure, 2 bad arguments, 130 interrupted."""
-    from ddp.records import LogError
+    from ddp.torchfree import LogError
     from lab.engine import cluster
     from lab.engine.client import LabError
 

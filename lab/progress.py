@@ -69,7 +69,7 @@ def follow_steps(progress: Progress) -> Callable[[object], None]:
     """A job's ``echo`` that moves ``progress`` with rank 0's step records: rank 0 waits for
     every rank in each step, so its steps are the job's. ``record.rank``, not the line's rank
     label: under torchrun a node's stream carries several ranks."""
-    from ddp.records import StepRecord  # torch-free; lazily, to keep this module plain
+    from ddp.torchfree import StepRecord  # torch-free; lazily, to keep this module plain
 
     def follow(event: object) -> None:
         record = getattr(event, "record", None)

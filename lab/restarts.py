@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ddp.records import ConfigRecord, RankLog, StepRecord, VerdictRecord
+from ddp.torchfree import ConfigRecord, RankLog, StepRecord, VerdictRecord
 from lab.engine.events import Event, ExitEvent, LineEvent, RecordEvent
 
 __all__ = ["PS_ARGV", "Recovered", "compare_final", "restart_timeline", "worker_pids"]

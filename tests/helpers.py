@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ddp.launch import spawn_ranks
+from ddp.program.launch import spawn_ranks
 
 __all__ = ["finish", "run_ranks", "train_ranks"]
 

@@ -20,7 +20,7 @@ import docker.errors
 from docker.models.containers import Container
 
 import docker
-from ddp.config import TrainConfig
+from ddp.torchfree import TrainConfig
 from lab.engine.client import GONE, LabError, require_image
 from lab.engine.events import Event
 from lab.engine.job import Job

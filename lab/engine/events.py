@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddp.records import Record, parse_record_line
+from ddp.torchfree import Record, parse_record_line
 from lab.node.protocol import parse_exit, parse_line
 
 __all__ = ["Event", "ExitEvent", "LineEvent", "RecordEvent", "parse_event"]
@@ -27,7 +27,7 @@ class LineEvent:
 
 @dataclass(frozen=True)
 class RecordEvent:
-    """A record a rank wrote (see :mod:`ddp.records`)."""
+    """A record a rank wrote (see :mod:`ddp.program.records`)."""
 
     t: float
     node: int

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from ddp.records import Record, VerdictRecord
+from ddp.torchfree import Record, VerdictRecord
 from lab.engine.client import GONE
 from lab.engine.events import Event, ExitEvent, LineEvent, RecordEvent, parse_event
 from lab.engine.specs import launcher_argv

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ddp.config import Rendezvous, TrainConfig
+from ddp.torchfree import Rendezvous, TrainConfig
 from lab.engine.layout import Layout
 from lab.engine.specs import job_dir
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ddp.config import TrainConfig
-from ddp.records import EndRecord
+from ddp.torchfree import EndRecord, TrainConfig
 from lab.engine.client import NodeFailed, RunTimeout
 from lab.engine.cluster import Cluster
 from lab.engine.job import Job

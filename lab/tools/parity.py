@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ddp.parity import ParityReport, check_logs
+from ddp.torchfree import ParityReport, check_logs
 
 NAME = "parity"
 HELP = "re-check the parity of a collected run offline, from its rank logs"

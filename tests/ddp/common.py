@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ddp.config import Rendezvous
+from ddp.program.config import Rendezvous
 from tests.helpers import run_ranks
 
 __all__ = [

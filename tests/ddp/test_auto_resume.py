@@ -8,8 +8,8 @@ import signal
 
 import pytest
 
-from ddp.config import TrainConfig, flag_of
-from ddp.records import load_attempts, load_run
+from ddp.program.config import TrainConfig, flag_of
+from ddp.program.records import load_attempts, load_run
 from tests.ddp.test_faults import _end_hash, _wait_for_step
 from tests.helpers import finish, train_ranks
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ddp.buckets import FIRST_BUCKET_CAP_BYTES, plan_buckets, torch_caps, torch_initial_plan
+from ddp.wrapper.buckets import FIRST_BUCKET_CAP_BYTES, plan_buckets, torch_caps, torch_initial_plan
 
 MB = 1 << 20
 

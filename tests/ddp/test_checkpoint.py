@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from ddp.checkpoint import (
+from ddp.program.checkpoint import (
     CorruptCheckpointError,
     checkpoint_path,
     latest_checkpoint,

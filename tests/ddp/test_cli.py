@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp import DistributedDataParallel
-from ddp.records import StepRecord, read_rank_log
+from ddp.program.records import StepRecord, read_rank_log
 from tests.helpers import finish, train_ranks
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -226,8 +226,8 @@ def test_a_stale_rendezvous_file_is_bad_input(tmp_path):
 
 
 def test_an_internal_error_is_exit_4_with_the_traceback_kept(tmp_path):
-    from ddp.diagnosis import PeerFailure
-    from ddp.outcome import BadInput, RankExit, run_guarded
+    from ddp.flight.diagnosis import PeerFailure
+    from ddp.program.outcome import BadInput, RankExit, run_guarded
 
     def boom():
         raise KeyError("bucket 7")

@@ -11,8 +11,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
 from ddp import DistributedDataParallel
-from ddp.comm_hooks import COMM_HOOKS, gloo_bf16_compress_hook, register_named_hook
-from ddp.grad_bucket import GradBucket, hook_result
+from ddp.wrapper.comm_hooks import COMM_HOOKS, gloo_bf16_compress_hook, register_named_hook
+from ddp.wrapper.grad_bucket import GradBucket, hook_result
 from tests.ddp.common import (
     Branches,
     Deep,

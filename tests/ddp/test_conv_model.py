@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp.buckets import plan_buckets, torch_caps
-from ddp.models import IN_FEATURES, NUM_CLASSES, ConvNet, build_model
-from ddp.records import load_run
+from ddp.program.models import IN_FEATURES, NUM_CLASSES, ConvNet, build_model
+from ddp.program.records import load_run
+from ddp.wrapper.buckets import plan_buckets, torch_caps
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -52,7 +52,7 @@ def test_conv_parity_with_eight_buckets(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=140, env=ENV,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    # step 1 runs with one bucket, then the plan is rebuilt by the cap (ddp.bucket_rebuild)
+    # step 1 runs with one bucket, then the plan is rebuilt by the cap (ddp.wrapper.bucket_rebuild)
     assert [s.num_buckets for s in load_run(tmp_path)[0].steps] == [1, 8, 8]
     assert r.stdout.splitlines()[-1].startswith("parity holds: 2 replicas identical")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp.diagnosis import Diagnosis, diagnose, wait_for_dumps
-from ddp.flight_recorder import FlightRecorder
+from ddp.flight.diagnosis import Diagnosis, diagnose, wait_for_dumps
+from ddp.flight.recorder import FlightRecorder
 
 # ---------------------------------------------------------------------------------------------
 # Synthetic dumps: recorders driven in lock step, as real ranks would be.
@@ -262,7 +262,7 @@ def _run_fault(tmp_path: Path, world: int, sig: int) -> tuple[dict[int, dict], f
     # torch in every rank, ~6 s more per test on 2 cores. The server holds no threads, so
     # forking it is safe. (The preload list only applies if no forkserver runs yet.)
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "ddp.diagnosis"])
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "ddp.flight.diagnosis"])
     procs = [
         ctx.Process(target=_fault_worker, args=(r, world, str(tmp_path), sig)) for r in range(world)
     ]

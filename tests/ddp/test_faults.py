@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp.checkpoint import list_checkpoints
-from ddp.records import load_attempts, read_rank_log
+from ddp.program.checkpoint import list_checkpoints
+from ddp.program.records import load_attempts, read_rank_log
 from tests.helpers import finish, train_ranks
 
 WORLD = 3

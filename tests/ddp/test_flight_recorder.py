@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from ddp.flight_dumps import dump_path, load_dumps, request_dumps
-from ddp.flight_recorder import FlightRecorder
+from ddp.flight.dumps import dump_path, load_dumps, request_dumps
+from ddp.flight.recorder import FlightRecorder
 
 
 def test_seq_numbering_and_states():
@@ -207,7 +207,7 @@ def test_concurrent_requests_from_equal_pids_do_not_collide(tmp_path, monkeypatc
     # share the dump directory: their requests must not trip over each other's temp files.
     import threading
 
-    from ddp.flight_dumps import request_dumps
+    from ddp.flight.dumps import request_dumps
 
     monkeypatch.setattr("os.getpid", lambda: 14)
     errors = []

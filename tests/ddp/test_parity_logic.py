@@ -2,8 +2,8 @@
 
 import pytest
 
-from ddp.parity import check_logs
-from ddp.records import ConfigRecord, RecordLog, StepRecord
+from ddp.program.parity import check_logs
+from ddp.program.records import ConfigRecord, RecordLog, StepRecord
 
 
 def _write_run(tmp_path, world, steps, *, diverge_at=None, ref_diff=1e-8, torn=False):
@@ -48,7 +48,7 @@ def test_check_logs_without_logs_says_what_to_pass(tmp_path):
 def test_compression_reports_the_reference_gap_but_judges_only_replicas(tmp_path):
     _write_run(tmp_path, 2, 3, ref_diff=1e-3)
     assert not check_logs(tmp_path).holds  # an exact run that far off breaks parity
-    from ddp.parity import ParityReport
+    from ddp.program.parity import ParityReport
 
     rows = check_logs(tmp_path).rows
     report = ParityReport(rows, 2, 1e-5, compression="fp16")

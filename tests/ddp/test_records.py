@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from ddp.records import (
+from ddp.program.records import (
     RECORD_PREFIX,
     ConfigRecord,
     EndRecord,

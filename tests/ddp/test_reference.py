@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ddp.config import TrainConfig
-from ddp.data import make_dataset
-from ddp.models import build_model
-from ddp.reference import Reference, max_param_diff, sgd
+from ddp.program.config import TrainConfig
+from ddp.program.data import make_dataset
+from ddp.program.models import build_model
+from ddp.program.reference import Reference, max_param_diff, sgd
 
 
 def _trained(cfg: TrainConfig, steps: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

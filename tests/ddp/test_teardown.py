@@ -10,8 +10,8 @@ import pytest
 
 _SCRIPT = """
 import os, tempfile
-from ddp.config import Rendezvous, TrainConfig
-from ddp.train import run_rank
+from ddp.program.config import Rendezvous, TrainConfig
+from ddp.program.train import run_rank
 before = len(os.listdir("/proc/self/task"))
 run_rank(TrainConfig(steps=2, reference=False), Rendezvous(0, 1, f"file://{tempfile.mkdtemp()}/r"))
 print(len(os.listdir("/proc/self/task")) - before)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp.records import load_attempts
+from ddp.program.records import load_attempts
 from lab.engine.specs import LABEL
 from tests.helpers import leftovers
 

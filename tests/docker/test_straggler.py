@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp.records import load_run
+from ddp.program.records import load_run
 from lab.engine.specs import LABEL
 from tests.helpers import leftovers
 

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from ddp.config import TrainConfig
-from ddp.records import StepRecord, load_run
+from ddp.program.config import TrainConfig
+from ddp.program.records import StepRecord, load_run
 from lab.engine.cluster import Cluster
 from lab.engine.events import RecordEvent
 from lab.engine.layout import Layout

@@ -13,7 +13,7 @@ from pathlib import Path
 import docker.errors
 import pytest
 
-from ddp.config import TrainConfig
+from ddp.program.config import TrainConfig
 from lab.engine.cluster import Cluster
 from lab.engine.events import RecordEvent
 from lab.engine.layout import Layout

@@ -1,12 +1,12 @@
 """Synthetic rank logs of ``python -m ddp train --log-dir``, written with ddp's own record
-types and writer (``ddp.records``), for the latency report's tests."""
+types and writer (``ddp.program.records``), for the latency report's tests."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
-from ddp.records import ConfigRecord, EndRecord, RecordLog, StepRecord
+from ddp.program.records import ConfigRecord, EndRecord, RecordLog, StepRecord
 
 __all__ = ["write_logs"]
 

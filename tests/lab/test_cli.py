@@ -5,7 +5,7 @@ import argparse
 
 import pytest
 
-from ddp.config import TrainConfig
+from ddp.program.config import TrainConfig
 from lab.cli import build_parser, commands, main
 from lab.experiments.up import plan as up_plan
 from lab.experiments.up.plan import TOPOLOGIES

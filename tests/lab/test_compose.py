@@ -5,7 +5,7 @@ from pathlib import Path
 
 import yaml
 
-from ddp.config import TrainConfig
+from ddp.program.config import TrainConfig
 from lab.node.summary import summary_line
 from lab.tools.compose import env_name, render
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp.config import POWERSGD_START_ITER
-from ddp.records import ConfigRecord, EndRecord, RecordLog, StepRecord
+from ddp.program.config import POWERSGD_START_ITER
+from ddp.program.records import ConfigRecord, EndRecord, RecordLog, StepRecord
 from lab.cli import build_parser, main
 from lab.experiments import compress
 from lab.experiments.compress import analysis, outputs, wire

@@ -5,7 +5,7 @@ engine is the container tier's (tests/docker)."""
 import time
 from types import SimpleNamespace
 
-from ddp.records import RECORD_PREFIX, StepRecord, VerdictRecord
+from ddp.program.records import RECORD_PREFIX, StepRecord, VerdictRecord
 from lab.engine.cluster import NodeHandle
 from lab.engine.events import ExitEvent, LineEvent, RecordEvent
 from lab.engine.job import Job

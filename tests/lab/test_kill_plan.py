@@ -3,7 +3,7 @@
 
 import pytest
 
-from ddp.records import ConfigRecord, StepRecord
+from ddp.program.records import ConfigRecord, StepRecord
 from lab.cli import build_parser, main
 from lab.engine.events import LineEvent, RecordEvent
 from lab.experiments.kill import plan as plan_of

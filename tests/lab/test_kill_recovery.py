@@ -1,6 +1,6 @@
 """lab kill --recover's bitwise comparison, from logs written by ddp's own record writer."""
 
-from ddp.records import ConfigRecord, EndRecord, RecordLog, StepRecord, load_run
+from ddp.program.records import ConfigRecord, EndRecord, RecordLog, StepRecord, load_run
 from lab.experiments.kill.recovery import IDENTICAL, compare_runs
 
 

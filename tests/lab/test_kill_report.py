@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from ddp.flight_dumps import load_dumps
-from ddp.flight_recorder import FlightRecorder
-from ddp.records import FailureRecord
+from ddp.flight.dumps import load_dumps
+from ddp.flight.recorder import FlightRecorder
+from ddp.program.records import FailureRecord
 from lab.engine.events import ExitEvent
 from lab.experiments.kill.analysis import build_report
 from lab.experiments.kill.plan import DEFAULT_TRAIN, KillPlan

@@ -4,7 +4,7 @@ resume by themselves, and the trigger reads the record's rank, not the node's la
 
 import pytest
 
-from ddp.records import ConfigRecord, StepRecord
+from ddp.program.records import ConfigRecord, StepRecord
 from lab.cli import build_parser, main
 from lab.engine.events import LineEvent, RecordEvent
 from lab.experiments.kill import plan as plan_of

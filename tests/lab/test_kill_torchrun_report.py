@@ -5,7 +5,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from ddp.records import ConfigRecord, EndRecord, RankLog, StepRecord, VerdictRecord
+from ddp.program.records import ConfigRecord, EndRecord, RankLog, StepRecord, VerdictRecord
 from lab.engine.events import ExitEvent, LineEvent, RecordEvent
 from lab.experiments.kill import report
 from lab.experiments.kill.torchrun_plan import TorchrunKillPlan

@@ -1,5 +1,5 @@
 """``lab latency``'s per-bucket figures and the Gantt chart's bucket pieces, from synthetic logs
-written with ``ddp.records`` (``tests/lab/latency_logs.py``: backward from 2 to 10 ms, bucket k
+written with ``ddp.torchfree`` (``tests/lab/latency_logs.py``: backward from 2 to 10 ms, bucket k
 in flight from 3+2k to 40+20k ms)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from ddp.records import load_run
+from ddp.program.records import load_run
 from lab.experiments.latency import timeline
 from lab.experiments.latency.bucket_stats import format_timing, time_buckets
 from tests.lab.latency_logs import write_logs

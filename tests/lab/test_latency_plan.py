@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from ddp.config import TrainConfig
+from ddp.program.config import TrainConfig
 from lab import cli
 from lab.experiments import latency
 from lab.experiments.latency.plan import TRAIN_DEFAULTS, Configuration, LatencyPlan

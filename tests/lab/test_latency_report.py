@@ -1,6 +1,6 @@
 """``lab latency``'s figures without Docker: statistics, table, CSV, JSON, plot, Chrome trace
-and Gantt chart, all from synthetic logs written with ``ddp.records`` and read back with
-``ddp.records.load_run``, as the collected logs of a run are."""
+and Gantt chart, all from synthetic logs written with ``ddp.program.records`` and read back with
+``ddp.program.records.load_run``, as the collected logs of a run are."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp.records import load_run
+from ddp.program.records import load_run
 from lab.experiments.latency import console, figures, files, timeline
 from lab.experiments.latency.plan import TRAIN_DEFAULTS, LatencyPlan
 from lab.experiments.latency.result import ConfigRun, SweepResult

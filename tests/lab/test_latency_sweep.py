@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp.records import EndRecord, StepRecord
+from ddp.program.records import EndRecord, StepRecord
 from lab.engine.client import NodeFailed, RunTimeout
 from lab.engine.events import LineEvent, RecordEvent
 from lab.experiments.followed import check_finished

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp.config import Rendezvous, TrainConfig
-from ddp.records import ConfigRecord, EndRecord, StepRecord, VerdictRecord
+from ddp.program.config import Rendezvous, TrainConfig
+from ddp.program.records import ConfigRecord, EndRecord, StepRecord, VerdictRecord
 from lab.engine.events import ExitEvent, LineEvent, RecordEvent, parse_event
 from lab.engine.specs import launcher_argv
 from lab.engine.training import train_argv

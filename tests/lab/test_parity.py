@@ -3,7 +3,7 @@
 import io
 import tarfile
 
-from ddp.records import ConfigRecord, EndRecord, RecordLog, StepRecord
+from ddp.program.records import ConfigRecord, EndRecord, RecordLog, StepRecord
 from lab.cli import main
 from lab.engine.cluster import _extract
 

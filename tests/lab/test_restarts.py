@@ -1,6 +1,6 @@
 """Reading an elastic restart back, pure: the workers to kill, the timeline, the bitwise verdict."""
 
-from ddp.records import (
+from ddp.program.records import (
     ConfigRecord,
     EndRecord,
     RankLog,

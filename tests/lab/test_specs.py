@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from ddp.config import Rendezvous, TrainConfig
-from ddp.flags import add_train_arguments, config_from_args
+from ddp.program.config import Rendezvous, TrainConfig
+from ddp.program.flags import add_train_arguments, config_from_args
 from lab.engine.layout import Layout
 from lab.engine.specs import (
     LABEL,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp.records import ConfigRecord, EndRecord, RecordLog, StepRecord, load_run
+from ddp.program.records import ConfigRecord, EndRecord, RecordLog, StepRecord, load_run
 from lab.cli import main
 from lab.experiments import straggler
 from lab.experiments.straggler import analysis, outputs

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ddp.config import TrainConfig
-from ddp.records import RECORD_PREFIX, ConfigRecord, VerdictRecord
+from ddp.program.config import TrainConfig
+from ddp.program.records import RECORD_PREFIX, ConfigRecord, VerdictRecord
 from lab.cli import build_parser
 from lab.engine.cluster import NodeHandle
 from lab.engine.job import Job

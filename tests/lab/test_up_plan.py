@@ -2,7 +2,7 @@
 
 import pytest
 
-from ddp.config import TrainConfig
+from ddp.program.config import TrainConfig
 from lab.engine.layout import Layout
 from lab.experiments.up.plan import TOPOLOGIES, Topology, UpPlan, load_topology
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from ddp.config import COMM_HOOKS, POWERSGD_START_ITER
-from ddp.flags import config_from_args
+from ddp.torchfree import COMM_HOOKS, POWERSGD_START_ITER, config_from_args
 from lab import args as common
 from lab.experiments.compress.plan import QUICK, TRAIN_DEFAULTS, CompressPlan
 from lab.shaping.registry import CHOICES

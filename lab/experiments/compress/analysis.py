@@ -1,4 +1,4 @@
-"""``lab compress``'s figures from the rank logs (``ddp.records.RankLog``): one row per rate and
+"""``lab compress``'s figures from the rank logs (``ddp.torchfree.RankLog``): one row per rate and
 hook, each compared with ``none`` at the same rate, and the crossover of every hook. Pure:
 tested from synthetic logs.
 """
@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ddp.records import RankLog
+from ddp.torchfree import RankLog
 from lab.experiments.compress.plan import BASELINE
 from lab.experiments.compress.wire import job_payload_bytes, payload_bytes, ring_factor
 

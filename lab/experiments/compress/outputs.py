@@ -2,7 +2,7 @@
 the crossover), ``compress.csv``, ``compress.json`` (definitions, settings, links, every job),
 ``compress.png`` and ``trace.json`` (one representative step of every hook at the lowest rate,
 from the step records' bucket timings). Everything is read from the collected rank logs
-(``ddp.records.load_run``)."""
+(``ddp.program.records.load_run``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddp.records import load_run
+from ddp.torchfree import load_run
 from lab.experiments.compress import figures
 from lab.experiments.compress.analysis import (
     DEFINITIONS,

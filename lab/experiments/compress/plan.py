@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddp.config import COMM_HOOKS, POWERSGD_START_ITER, TrainConfig
+from ddp.torchfree import COMM_HOOKS, POWERSGD_START_ITER, TrainConfig
 from lab.args import check_finite, check_timeouts, check_warmup
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE

@@ -6,8 +6,7 @@ import argparse
 import dataclasses
 from typing import TYPE_CHECKING
 
-from ddp.config import TrainConfig, flag_of
-from ddp.flags import add_train_arguments, config_from_args
+from ddp.torchfree import TrainConfig, add_train_arguments, config_from_args, flag_of
 from lab import args as common
 from lab.experiments.kill.plan import DEFAULT_TRAIN, RUN_TIMEOUT_HELP, KillPlan
 from lab.experiments.kill.torchrun_plan import TorchrunKillPlan

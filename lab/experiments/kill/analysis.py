@@ -4,7 +4,7 @@ Inputs: the fault phase's outcome (exit events, the failure records the ranks wr
 flight recorder dumps they left on the shared volume and lab's own record of the injection.
 Containers share the host's clock, so the dumps' stamps and lab's sit on one timeline.
 
-The diagnosis is ddp's (:func:`ddp.diagnosis.diagnose` over the dumps); lab adds what only it
+The diagnosis is ddp's (:func:`ddp.flight.diagnosis.diagnose` over the dumps); lab adds what only it
 knows, which rank it hit and how, and checks that the diagnosis names that rank.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ddp.diagnosis import Diagnosis, diagnose
+from ddp.torchfree import Diagnosis, diagnose
 from lab.experiments.kill.plan import KillPlan
 from lab.experiments.kill.result import Injection, PhaseOutcome
 from lab.experiments.kill.text import error_meaning, fmt_s, table

@@ -13,8 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ddp.flight_dumps import load_dumps
-from ddp.records import FailureRecord, StepRecord, load_run
+from ddp.torchfree import FailureRecord, StepRecord, load_dumps, load_run
 from lab.engine.client import NodeFailed, RunTimeout, connect
 from lab.engine.cluster import Cluster
 from lab.engine.events import Event, ExitEvent, LineEvent, RecordEvent

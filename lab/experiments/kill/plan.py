@@ -16,8 +16,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddp.config import TrainConfig
-from ddp.records import ConfigRecord, StepRecord
+from ddp.torchfree import ConfigRecord, StepRecord, TrainConfig
 from lab.engine.events import Event, RecordEvent
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE, job_dir

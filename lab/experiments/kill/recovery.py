@@ -1,16 +1,16 @@
 """Did ``lab kill --recover`` lose anything? The final parameters, compared bit for bit.
 
 Every rank that finishes writes an end record with the sha256 of all its parameter bytes
-(:class:`ddp.records.EndRecord`), so the resumed run and an uninterrupted run of the same
+(:class:`ddp.program.records.EndRecord`), so the resumed run and an uninterrupted run of the same
 length and settings are identical iff those digests are equal on every rank. Pure: reads the
-collected logs only (:func:`ddp.records.load_run`).
+collected logs only (:func:`ddp.program.records.load_run`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ddp.records import RankLog
+from ddp.torchfree import RankLog
 
 __all__ = ["IDENTICAL", "Recovery", "compare_runs"]
 
@@ -29,7 +29,7 @@ def compare_runs(
     reference: dict[int, RankLog], resumed: dict[int, RankLog], world_size: int
 ) -> Recovery:
     """Bitwise comparison of every rank's final parameters between the uninterrupted run
-    (``reference``) and the resumed one, as read by :func:`ddp.records.load_run`."""
+    (``reference``) and the resumed one, as read by :func:`ddp.program.records.load_run`."""
     starts = {log.config.start_step for log in resumed.values() if log.config is not None}
     resumed_from = starts.pop() if len(starts) == 1 else None
     problems: list[str] = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddp.records import FailureRecord, RankLog
+from ddp.torchfree import FailureRecord, RankLog
 from lab.engine.events import ExitEvent
 from lab.experiments.kill.plan import KillPlan
 
@@ -50,6 +50,8 @@ class KillResult:
     phases: dict[str, PhaseOutcome]
     injection: Injection | None
     dumps: dict[int, dict]  # the fault phase's flight dumps, by rank
-    logs: dict[str, dict[int, RankLog]]  # phase -> rank -> its records (ddp.records.load_run)
+    logs: dict[
+        str, dict[int, RankLog]
+    ]  # phase -> rank -> its records (ddp.program.records.load_run)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0  # containers created to removed

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from ddp.gloo_errors import error_meaning, strip_source
+from ddp.torchfree import error_meaning, strip_source
 
 __all__ = ["error_meaning", "fmt_s", "table", "tidy_line"]
 

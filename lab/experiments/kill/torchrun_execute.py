@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ddp.records import ConfigRecord, load_attempts, load_run
+from ddp.torchfree import ConfigRecord, load_attempts, load_run
 from lab.engine.client import LabError, NodeFailed, RunTimeout, connect
 from lab.engine.cluster import Cluster
 from lab.engine.events import Event, ExitEvent, LineEvent, RecordEvent

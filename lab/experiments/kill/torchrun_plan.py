@@ -22,8 +22,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddp.config import TrainConfig
-from ddp.records import StepRecord
+from ddp.torchfree import StepRecord, TrainConfig
 from lab.engine.events import Event, RecordEvent
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE, job_dir

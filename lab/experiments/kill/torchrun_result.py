@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddp.records import ConfigRecord, RankLog, VerdictRecord
+from ddp.torchfree import ConfigRecord, RankLog, VerdictRecord
 from lab.engine.events import Event, RecordEvent
 from lab.experiments.kill.torchrun_plan import TorchrunKillPlan
 from lab.restarts import Recovered, compare_final, restart_timeline

@@ -14,8 +14,7 @@ import argparse
 import dataclasses
 import textwrap
 
-from ddp.config import TrainConfig, flag_of
-from ddp.flags import config_from_args
+from ddp.torchfree import TrainConfig, config_from_args, flag_of
 from lab import args as common
 from lab.experiments.latency.console import DEFINITIONS
 from lab.experiments.latency.plan import (

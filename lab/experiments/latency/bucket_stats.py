@@ -13,7 +13,7 @@ measured steps (warm-up steps excluded), in ms:
 - ``after_backward_ms``: how far past the end of backward it completed (0 if before): what
   of it the step had to wait for.
 
-Built from ``ddp.records.StepRecord``'s ``backward_ms`` and ``buckets_ms``. Pure.
+Built from ``ddp.program.records.StepRecord``'s ``backward_ms`` and ``buckets_ms``. Pure.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ddp.records import RankLog, StepRecord
+from ddp.torchfree import RankLog, StepRecord
 
 __all__ = ["BucketTiming", "ConfigTiming", "format_timing", "time_buckets"]
 

@@ -3,7 +3,7 @@ definitions, the links, every run), ``latency.png``, and at the largest delay ``
 (every allreduce configuration's representative step) and ``gantt.png`` (the timeline cap,
 overlap on vs off), whose per-bucket compute and allreduce times (:mod:`.bucket_stats`) go to
 ``latency.json`` and the console. Everything is read from the collected rank logs
-(``ddp.records.load_run``).
+(``ddp.program.records.load_run``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddp.records import load_run
+from ddp.torchfree import load_run
 from lab.experiments.latency import figures, timeline
 from lab.experiments.latency.bucket_stats import ConfigTiming, time_buckets
 from lab.experiments.latency.console import DEFINITIONS, Headline, headline

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddp.config import TrainConfig
+from ddp.torchfree import TrainConfig
 from lab.args import check_finite, check_timeouts, check_warmup
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE

@@ -1,7 +1,7 @@
-"""A configuration's numbers from its rank logs (``ddp.records.RankLog``), and the table rows
+"""A configuration's numbers from its rank logs (``ddp.torchfree.RankLog``), and the table rows
 derived by comparing configurations at one delay.
 
-The logs are either collected from the run (``ddp.records.load_run``) or built from the records
+The logs are either collected from the run (``ddp.torchfree.load_run``) or built from the records
 the ranks streamed while running; both are the same typed records. Pure: tested from synthetic
 logs.
 """
@@ -14,7 +14,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ddp.records import RankLog, StepRecord
+from ddp.torchfree import RankLog, StepRecord
 
 __all__ = ["ConfigStats", "Row", "derive_rows", "summarize"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ddp.records import RankLog
+from ddp.torchfree import RankLog
 from lab.engine.client import connect
 from lab.engine.cluster import Cluster
 from lab.experiments.followed import train_to_end

@@ -1,7 +1,7 @@
 """One training step as a timeline: every rank's forward and backward and every bucket's
 allreduce, as a Chrome trace JSON (Perfetto, chrome://tracing) and as a PNG Gantt chart.
 
-Built from the ranks' step records (``ddp.records.StepRecord``): ``t0`` (wall clock at step
+Built from the ranks' step records (``ddp.program.records.StepRecord``): ``t0`` (wall clock at step
 start, so ranks in different containers of one host share an axis), ``backward_ms``
 ``[start, end]`` and ``buckets_ms`` ``[[launch, done], ...]`` relative to the step's start.
 ``done`` is observed on gloo's thread when the allreduce really completes, so a bucket bar that
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddp.records import RankLog, StepRecord
+from ddp.torchfree import RankLog, StepRecord
 
 __all__ = ["RankStep", "StepTimeline", "backward_pieces", "chrome_trace", "load_step",
            "representative_step", "write_gantt"]  # fmt: skip

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from ddp.flags import config_from_args
+from ddp.torchfree import config_from_args
 from lab import args as common
 from lab.experiments.straggler.analysis import DEFINITIONS
 from lab.experiments.straggler.plan import QUICK_STEPS, TRAIN_DEFAULTS, StragglerPlan

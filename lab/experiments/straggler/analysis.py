@@ -14,7 +14,7 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ddp.records import RankLog, StepRecord
+from ddp.torchfree import RankLog, StepRecord
 
 __all__ = ["DEFINITIONS", "JobStats", "RankRow", "Summary", "job_stats", "summarize"]
 

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddp.records import load_run
+from ddp.torchfree import load_run
 from lab.experiments.latency import timeline
 from lab.experiments.straggler.analysis import DEFINITIONS, Summary, job_stats, summarize
 from lab.experiments.straggler.execute import StragglerResult

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ddp.flags import add_train_arguments, config_from_args
+from ddp.torchfree import add_train_arguments, config_from_args
 from lab import args as common
 from lab.engine.layout import Layout
 from lab.experiments.up.plan import LAUNCHERS, TOPOLOGIES, Topology, UpPlan, load_topology

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from ddp.parity import check_logs
-from ddp.records import ConfigRecord
+from ddp.torchfree import ConfigRecord, check_logs
 from lab.engine.client import NodeFailed, RunTimeout, connect
 from lab.engine.cluster import Cluster
 from lab.engine.events import Event, LineEvent, RecordEvent

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from ddp.config import TrainConfig
+from ddp.torchfree import TrainConfig
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE
 

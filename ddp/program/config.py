@@ -1,0 +1,274 @@
+"""The training configuration, its command line, and the one place that reads the rendezvous
+environment.
+
+``TrainConfig`` is the single source of truth for what a run computes and how it reports:
+``python -m ddp``'s flags are generated from its fields (:mod:`ddp.program.flags`), lab and compose
+build a rank's command line with :meth:`TrainConfig.to_argv`, and both sides share one
+validation (``__post_init__``). Pure and torch-free, so the lab imports it cheaply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddp.wrapper.hook_names import COMM_HOOKS, POWERSGD_RANK, POWERSGD_START_ITER
+
+__all__ = [
+    "COMM_HOOKS",
+    "GROUPS",
+    "MODEL_NAMES",
+    "POWERSGD_RANK",
+    "POWERSGD_START_ITER",
+    "SYNC_MODES",
+    "Rendezvous",
+    "TrainConfig",
+    "flag_of",
+]
+
+# ddp.program.models.MODELS has exactly these keys
+MODEL_NAMES = ("mini", "deep", "branchy", "conv", "tower")
+# allreduce: DDP. barrier: dist.barrier() instead of allreduce (replicas drift: the demo of
+# why). none: no communication at all, the floor that "exposed communication" is measured from.
+SYNC_MODES = ("allreduce", "barrier", "none")
+# Field groups: "train" decides what is computed, "fault" how a run survives faults (timeouts,
+# checkpoints, delays to watch them), "output" where and how it reports.
+GROUPS = ("train", "fault", "output")
+
+
+def _opt(default: Any, help: str, group: str = "train", **meta: Any) -> Any:
+    return field(default=default, metadata={"help": help, "group": group, **meta})
+
+
+@dataclass
+class TrainConfig:
+    """Everything that decides what one training run computes, and how it is reported."""
+
+    model: str = _opt("mini", "model to train", choices=MODEL_NAMES)
+    steps: int = _opt(20, "optimizer steps")
+    batch_size: int = _opt(64, "global batch, split evenly over the ranks")
+    lr: float = _opt(0.05, "SGD learning rate")
+    momentum: float = _opt(0.9, "SGD momentum")
+    seed: int = _opt(0, "seed of the initial weights and of the data")
+    bucket_cap_mb: float = _opt(25.0, "gradient bucket cap in MB; 0 = one allreduce per tensor")
+    overlap: bool = _opt(True, "reduce all buckets after backward instead of during it")
+    sync: str = _opt(
+        "allreduce",
+        "how gradients are synchronised: 'barrier' replaces allreduce by dist.barrier() "
+        "(replicas drift: parity breaks), 'none' does not communicate (the floor)",
+        choices=SYNC_MODES,
+    )
+    comm_hook: str = _opt(
+        "none",
+        "gradient compression by torch's comm hooks: fp16/bf16 halve the bytes, powersgd sends "
+        "a rank-1 approximation; the parity table then shows what compression costs",
+        choices=COMM_HOOKS,
+    )
+    tolerance: float = _opt(1e-5, "largest |param diff| vs the single-process reference")
+    reference: bool = _opt(True, "skip the single-process reference on rank 0")
+    backward_delay_ms: float = _opt(
+        0.0,
+        "simulated accelerator compute: sleep this long per step inside backward, spread over "
+        "the parameters' gradients, so overlap of allreduce with backward can be seen on a "
+        "CPU-bound host",
+    )
+    collective_timeout_s: float = _opt(
+        300.0, "seconds a rank waits for its peers in one collective", "fault",
+        flag="--collective-timeout", metavar="S",
+    )  # fmt: skip
+    checkpoint_every: int = _opt(
+        0, "rank 0 writes an atomic checkpoint every K steps; 0 = never", "fault", metavar="K"
+    )
+    checkpoint_dir: str | None = _opt(
+        None, "where checkpoints go (default: LOG_DIR/checkpoints)", "fault", metavar="DIR"
+    )
+    resume: bool = _opt(False, "continue from the newest complete checkpoint", "fault")
+    auto_resume: bool = _opt(
+        False, "resume if the checkpoint directory holds a complete checkpoint, else start "
+        "fresh (for torchrun --max-restarts, which restarts the same command line)", "fault",
+    )  # fmt: skip
+    step_delay_ms: float = _opt(
+        0.0,
+        "sleep this long in every step, standing in for a bigger model, so that progress and "
+        "fault injection can be watched",
+        "fault",
+    )
+    log_dir: str | None = _opt(
+        None,
+        "write per-rank JSON-lines records (rank<R>.jsonl; a restarted rank keeps it and writes "
+        "rank<R>.attempt<N>.jsonl) here",
+        "output",
+        metavar="DIR",
+    )
+    log_all_ranks: bool = _opt(False, "every rank prints (prefixed), a line per step", "output")
+    emit_records: bool = _opt(
+        False,
+        "also print every log record on stdout as one '@ddp {json}' line, for a program that "
+        "follows the run (the lab)",
+        "output",
+    )
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _check_type(f, getattr(self, f.name))
+        if self.model not in MODEL_NAMES:
+            raise ValueError(_bad("model", self.model, f"one of {', '.join(MODEL_NAMES)}"))
+        if self.sync not in SYNC_MODES:
+            raise ValueError(_bad("sync", self.sync, f"one of {', '.join(SYNC_MODES)}"))
+        if self.comm_hook not in COMM_HOOKS:
+            raise ValueError(_bad("comm_hook", self.comm_hook, f"one of {', '.join(COMM_HOOKS)}"))
+        if self.comm_hook != "none" and self.sync != "allreduce":
+            raise ValueError(
+                f"--comm-hook {self.comm_hook} needs --sync allreduce (the hooks "
+                f"compress the gradient allreduce), got --sync {self.sync}"
+            )
+        for name in ("steps", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(_bad(name, getattr(self, name), ">= 1"))
+        if self.checkpoint_every < 0:
+            raise ValueError(_bad("checkpoint_every", self.checkpoint_every, ">= 0"))
+        for name in ("lr", "collective_timeout_s", "tolerance"):
+            if not getattr(self, name) > 0:
+                raise ValueError(_bad(name, getattr(self, name), "a number > 0"))
+        for name in ("momentum", "bucket_cap_mb", "step_delay_ms", "backward_delay_ms"):
+            if not getattr(self, name) >= 0:  # also rejects NaN
+                raise ValueError(_bad(name, getattr(self, name), "a number >= 0"))
+        if self.resume and self.auto_resume:
+            raise ValueError("--resume or --auto-resume (fresh without a checkpoint): pick one")
+        if (self.checkpoint_every or self.resume or self.auto_resume) and self.checkpoints is None:
+            raise ValueError(
+                "checkpointing, --resume and --auto-resume need a directory all ranks can read: "
+                "pass "
+                "--checkpoint-dir DIR (or --log-dir DIR, which implies DIR/checkpoints)"
+            )
+
+    @property
+    def checkpoints(self) -> Path | None:
+        if self.checkpoint_dir:
+            return Path(self.checkpoint_dir)
+        return Path(self.log_dir) / "checkpoints" if self.log_dir else None
+
+    def local_batch(self, world_size: int) -> int:
+        """Per-rank batch. Equal shards are what make the mean of per-rank mean losses equal
+        the global-batch mean loss, i.e. what makes parity exact."""
+        if self.batch_size % world_size:
+            raise ValueError(
+                f"--batch-size {self.batch_size} is not divisible by the world size "
+                f"{world_size}; pick a multiple of {world_size}"
+            )
+        return self.batch_size // world_size
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A validated copy with ``changes`` (e.g. one rank's overrides)."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ValueError(f"unknown training setting(s) {', '.join(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "train") -> TrainConfig:
+        """From parsed YAML/JSON; unknown keys are refused so that typos do not pass."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"{where}: unknown key(s) {', '.join(map(str, unknown))}; known: "
+                f"{', '.join(sorted(known))}"
+            )
+        return cls(**data)
+
+    def to_argv(self) -> list[str]:
+        """``python -m ddp train`` flags that reproduce this config: the fields that differ
+        from the defaults, in field order (floats as repr, so they round-trip exactly)."""
+        default = TrainConfig()
+        argv: list[str] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value == getattr(default, f.name):
+                continue
+            if isinstance(value, bool):
+                argv.append(flag_of(f.name))  # the flag of a bool says "not the default"
+            else:
+                argv += [flag_of(f.name), repr(value) if isinstance(value, float) else str(value)]
+        return argv
+
+
+def _bad(name: str, value: Any, want: str) -> str:
+    return f"{flag_of(name)} must be {want}, got {value!r}"
+
+
+def _check_type(f: dataclasses.Field, value: Any) -> None:
+    # YAML and JSON hand over whatever they parsed: `steps: yes` must not become 1 step.
+    default = f.default
+    if default is None:
+        ok = value is None or isinstance(value, str)
+        want = "a path"
+    elif isinstance(default, bool):
+        ok, want = isinstance(value, bool), "true or false"
+    elif isinstance(default, int):
+        ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif isinstance(default, float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        ok = ok and not math.isinf(value)
+        want = "a finite number"
+    else:
+        ok, want = isinstance(value, str), "a string"
+    if not ok:
+        raise ValueError(_bad(f.name, value, want))
+
+
+def flag_of(name: str) -> str:
+    """The command-line flag of a ``TrainConfig`` field (``batch_size`` -> ``--batch-size``;
+    a bool that defaults to True is switched off by ``--no-<name>``)."""
+    f = {f.name: f for f in dataclasses.fields(TrainConfig)}[name]
+    if "flag" in f.metadata:
+        return f.metadata["flag"]
+    dashed = name.replace("_", "-")
+    return f"--no-{dashed}" if f.default is True else f"--{dashed}"
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """How this process finds its peers: its rank, the world size and an init_method URL."""
+
+    rank: int
+    world_size: int
+    init_method: str
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"--world-size must be >= 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"--rank must be in 0..{self.world_size - 1}, got {self.rank}")
+        if not self.init_method.startswith(("file://", "env://", "tcp://")):
+            raise ValueError(
+                f"--init-method must be a file://, tcp:// or env:// URL, got {self.init_method!r}"
+            )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Rendezvous:
+        """Read torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): env://."""
+        env = os.environ if env is None else env
+        missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in env]
+        if missing:
+            raise ValueError(
+                f"no rendezvous given: pass --rank, --world-size and --init-method, or launch "
+                f"under torchrun (missing environment variables: {', '.join(missing)})"
+            )
+        return cls(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), init_method="env://")
+
+    def to_argv(self) -> list[str]:
+        """The flags of ``python -m ddp train`` that give this rendezvous."""
+        return [
+            "--rank", str(self.rank),
+            "--world-size", str(self.world_size),
+            "--init-method", self.init_method,
+        ]  # fmt: skip

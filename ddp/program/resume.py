@@ -1,0 +1,111 @@
+"""Where a run starts: fresh, or after the newest complete checkpoint, and writing them.
+
+``--resume`` demands a checkpoint (none is bad input); ``--auto-resume`` takes one when there
+is one and starts fresh otherwise. The second is what a launcher that restarts workers needs
+(torchrun ``--max-restarts``): the restarted command line is the one that started the run, so
+"the checkpoint directory holds a complete checkpoint" has to be what means "resume".
+
+Rank 0 picks the checkpoint and broadcasts its step, and every rank loads that step's file:
+ranks that looked at a shared directory themselves could see different files (a checkpoint
+renamed into place between two listings, a network filesystem's cache) and would then train
+from different steps. A half-written or damaged file is never loaded (``latest_checkpoint``
+verifies length and hash).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp.flight.recorder import FlightRecorder
+from ddp.program.checkpoint import (
+    checkpoint_path,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng_state,
+    rng_state,
+    save_checkpoint,
+)
+from ddp.program.config import TrainConfig
+from ddp.program.outcome import BadInput
+from ddp.program.reference import Reference
+
+__all__ = ["NothingToResume", "agreed_start", "restore", "save"]
+
+log = logging.getLogger("ddp")
+_NONE = -1  # broadcast by rank 0: no complete checkpoint
+
+
+class NothingToResume(BadInput, FileNotFoundError):
+    """--resume found no complete checkpoint."""
+
+
+def agreed_start(cfg: TrainConfig, rank: int, recorder: FlightRecorder) -> int | None:
+    """The checkpoint step every rank resumes from (rank 0's choice), or None to start fresh.
+
+    Without ``--resume``/``--auto-resume`` this is None at once, with no collective (runs
+    that never resume keep their collective sequence). Raises ``NothingToResume`` on every
+    rank when ``--resume`` finds nothing.
+    """
+    if not (cfg.resume or cfg.auto_resume):
+        return None
+    assert cfg.checkpoints is not None
+    found = latest_checkpoint(cfg.checkpoints) if rank == 0 else None
+    step = torch.tensor([_NONE if found is None else found[0]], dtype=torch.int64)
+    with recorder.record("broadcast", step=0, nbytes=8):
+        dist.broadcast(step, group_src=0)
+    if int(step.item()) != _NONE:
+        return int(step.item())
+    if cfg.resume:
+        raise NothingToResume(
+            f"--resume: no complete checkpoint in {cfg.checkpoints}; run with "
+            "--checkpoint-every K first, pass --auto-resume to start fresh then, or drop --resume"
+        )
+    log.info(f"--auto-resume: no complete checkpoint in {cfg.checkpoints}, starting fresh")
+    return None
+
+
+def restore(
+    cfg: TrainConfig,
+    step: int,
+    module: nn.Module,
+    opt: torch.optim.Optimizer,
+    ref: Reference | None,
+) -> list[int] | None:
+    """Load checkpoint ``step`` into this rank (model, optimizer, RNGs, rank 0's reference);
+    returns the bucket order the checkpointed run had (None: not rebuilt, or no DDP), for
+    ``DistributedDataParallel.restore_bucket_order``."""
+    assert cfg.checkpoints is not None
+    path = checkpoint_path(cfg.checkpoints, step)
+    state = load_checkpoint(path)
+    module.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    restore_rng_state(state["rng"])
+    if ref is not None and "ref_model" in state:
+        ref.model.load_state_dict(state["ref_model"])
+        ref.opt.load_state_dict(state["ref_optimizer"])
+    log.info(f"resumed from {path} (step {step})")
+    return state.get("bucket_order")
+
+
+def save(
+    cfg: TrainConfig,
+    step: int,
+    module: nn.Module,
+    opt: torch.optim.Optimizer,
+    ref: Reference | None,
+    bucket_order: list[int] | None = None,
+) -> None:
+    """Rank 0's checkpoint of ``step``. Replicas are identical, so rank 0's state is
+    everyone's; the data position is the step. ``bucket_order``: DDP's, so a resumed run
+    has the same buckets (``ddp.wrapper.bucket_rebuild``)."""
+    state = {"model": module.state_dict(), "optimizer": opt.state_dict(), "rng": rng_state()}
+    if bucket_order is not None:
+        state["bucket_order"] = list(bucket_order)
+    if ref is not None:
+        state |= {"ref_model": ref.model.state_dict(), "ref_optimizer": ref.opt.state_dict()}
+    assert cfg.checkpoints is not None
+    save_checkpoint(cfg.checkpoints, step, state)

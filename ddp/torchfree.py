@@ -1,0 +1,69 @@
+"""Everything of ddp that a program may use without importing torch: the one surface the lab
+imports from.
+
+The lab builds each rank's command line from ``TrainConfig``, follows the ranks by their typed
+records, judges parity from their logs, and diagnoses a failed collective from the flight
+recorder's dumps; none of that needs torch, and a host that only drives containers starts
+faster without it. ``tests/ddp/test_torchfree.py`` holds this module (and every ddp module the
+lab imports) to that.
+"""
+
+from __future__ import annotations
+
+from ddp.flight.diagnosis import Diagnosis, diagnose
+from ddp.flight.dumps import load_dumps
+from ddp.flight.gloo_errors import error_meaning, strip_source
+from ddp.program.config import (
+    COMM_HOOKS,
+    GROUPS,
+    POWERSGD_RANK,
+    POWERSGD_START_ITER,
+    Rendezvous,
+    TrainConfig,
+    flag_of,
+)
+from ddp.program.flags import add_train_arguments, config_from_args
+from ddp.program.parity import ParityReport, check_logs
+from ddp.program.records import (
+    ConfigRecord,
+    EndRecord,
+    FailureRecord,
+    LogError,
+    RankLog,
+    Record,
+    StepRecord,
+    VerdictRecord,
+    load_attempts,
+    load_run,
+    parse_record_line,
+)
+
+__all__ = [
+    "COMM_HOOKS",
+    "GROUPS",
+    "POWERSGD_RANK",
+    "POWERSGD_START_ITER",
+    "ConfigRecord",
+    "Diagnosis",
+    "EndRecord",
+    "FailureRecord",
+    "LogError",
+    "ParityReport",
+    "RankLog",
+    "Record",
+    "Rendezvous",
+    "StepRecord",
+    "TrainConfig",
+    "VerdictRecord",
+    "add_train_arguments",
+    "check_logs",
+    "config_from_args",
+    "diagnose",
+    "error_meaning",
+    "flag_of",
+    "load_attempts",
+    "load_dumps",
+    "load_run",
+    "parse_record_line",
+    "strip_source",
+]
