@@ -1,7 +1,17 @@
 """The lab's experiments, one package each, all of one shape (see :mod:`lab.experiments.base`).
 
 The command line is built from :data:`EXPERIMENTS`: adding an experiment is a package here and
-its name in this tuple.
+its name in this tuple. Every package names its files by their role: ``plan.py`` (the pure,
+validated plan), ``run.py`` (the run on the engine), ``analysis.py`` (figures from the rank
+logs), ``result.py`` (what the run hands to the report), ``text.py`` (what is printed),
+``outputs.py`` (the files written), ``figures.py`` (plots) and ``link.py`` (a shaped link).
+The sweeps share their run (:mod:`.sweep`), their report (:mod:`.reporting`) and the per-step
+timeline (:mod:`.timeline`).
+
+A package's ``run()`` is its ``run.py``'s, bound by ``from .run import run`` in the package:
+Python binds a submodule as an attribute of its package when it is first imported, and the
+from-import then rebinds the name to the function; later imports leave it alone. Defined in
+the package and run.py imported lazily, ``run`` would become the module.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from lab.engine.cluster import Cluster
 from lab.engine.job import Job
 from lab.progress import Progress, follow_steps
 
-__all__ = ["FAIL_GRACE_S", "WAIT_SLACK_S", "check_finished", "train_to_end"]
+__all__ = ["FAIL_GRACE_S", "WAIT_SLACK_S", "check_finished", "holds", "train_to_end"]
 
 FAIL_GRACE_S = 10.0  # after a rank fails, how long the others get to say what they saw
 WAIT_SLACK_S = 30.0  # the launcher ends ranks at --run-timeout; the host waits this much more
@@ -81,3 +81,8 @@ def check_finished(
                 f"lines:\n{job.last_lines(rank, 15)}\n(all output in {output}/; if the image "
                 "is stale, `python -m lab image`)"
             )
+
+
+def holds(job: Job) -> bool:
+    """Rank 0's verdict said parity holds (no verdict: it did not)."""
+    return job.verdict is not None and job.verdict.holds

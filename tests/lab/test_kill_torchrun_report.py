@@ -8,14 +8,10 @@ from pathlib import Path
 from ddp.program.records import ConfigRecord, EndRecord, RankLog, StepRecord, VerdictRecord
 from lab.engine.events import ExitEvent, LineEvent, RecordEvent
 from lab.experiments.kill import report
+from lab.experiments.kill.torchrun_analysis import judge
+from lab.experiments.kill.torchrun_outputs import write_report
 from lab.experiments.kill.torchrun_plan import TorchrunKillPlan
-from lab.experiments.kill.torchrun_result import (
-    JobOutcome,
-    TorchrunKillResult,
-    WorkerKill,
-    judge,
-    write_report,
-)
+from lab.experiments.kill.torchrun_result import JobOutcome, TorchrunKillResult, WorkerKill
 
 SHA = "8c" * 32
 T = 1000.0  # the kill

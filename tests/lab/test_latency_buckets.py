@@ -10,7 +10,7 @@ import json
 import pytest
 
 from ddp.program.records import load_run
-from lab.experiments.latency import timeline
+from lab.experiments import timeline
 from lab.experiments.latency.bucket_stats import format_timing, time_buckets
 from tests.lab.latency_logs import write_logs
 

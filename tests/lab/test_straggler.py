@@ -14,9 +14,9 @@ import pytest
 from ddp.program.records import ConfigRecord, EndRecord, RecordLog, StepRecord, load_run
 from lab.cli import main
 from lab.experiments import straggler
-from lab.experiments.straggler import analysis, outputs
-from lab.experiments.straggler.execute import JobRun, StragglerResult
+from lab.experiments.straggler import analysis, outputs, text
 from lab.experiments.straggler.plan import TRAIN_DEFAULTS, StragglerPlan
+from lab.experiments.straggler.result import JobRun, StragglerResult
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -142,7 +142,7 @@ def test_every_file_of_the_report(tmp_path, capsys):
     }
     assert (run_dir / "gantt.png").read_bytes()[:8] == PNG
     summary = outputs.write_outputs(result).summary
-    assert outputs.format_table(summary).count("\n") == 5
-    assert outputs.headline_line(summary, 1, cpu=False).startswith(
+    assert text.format_table(summary).count("\n") == 5
+    assert text.headline_line(summary, 1, cpu=False).startswith(
         "straggler rank 1: its link slower, every rank's step 3.9x"
     )

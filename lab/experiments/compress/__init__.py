@@ -15,8 +15,15 @@ import textwrap
 
 from ddp.torchfree import COMM_HOOKS, POWERSGD_START_ITER, config_from_args
 from lab import args as common
+from lab.experiments.compress.outputs import write_outputs
 from lab.experiments.compress.plan import QUICK, TRAIN_DEFAULTS, CompressPlan
+from lab.experiments.compress.result import CompressResult
+from lab.experiments.compress.run import run  # the function: see lab.experiments.__init__
+from lab.experiments.compress.text import closing
+from lab.experiments.reporting import report_sweep
 from lab.shaping.registry import CHOICES
+
+__all__ = ["DESCRIPTION", "EPILOG", "HELP", "NAME", "add_arguments", "plan", "report", "run"]
 
 NAME = "compress"
 HELP = "gradient compression (fp16, bf16, powersgd) under a bandwidth cap: where it pays"
@@ -130,26 +137,6 @@ def plan(args: argparse.Namespace) -> CompressPlan:
     )  # fmt: skip
 
 
-def run(plan: CompressPlan):
-    from lab.experiments.compress.execute import run_compress
-
-    return run_compress(plan)
-
-
-def report(result) -> int:
+def report(result: CompressResult) -> int:
     """Exit 0 when every job kept its replicas identical, else 1."""
-    from lab.experiments.compress.outputs import write_outputs
-    from lab.experiments.compress.text import crossover_lines, format_table
-    from lab.experiments.reporting import written, wrote_line
-
-    out = written(write_outputs, result)
-    if out is None:
-        return 1
-    print(format_table(out.rows, result.plan, result.links))
-    for line in crossover_lines(out.crossovers):
-        print(line)
-    print(wrote_line(result, out.files))
-    broken = [f"{r.hook} at {r.rate_mbit:g} Mbit/s" for r in out.rows if not r.parity]
-    if broken:
-        print(f"replicas DIVERGED in: {'; '.join(broken)}")
-    return 1 if broken else 0
+    return report_sweep(result, write_outputs, closing)

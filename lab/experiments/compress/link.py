@@ -1,7 +1,7 @@
 """The link at one rate: every node's egress capped (tbf) and, with ``--ms``, every packet
 delayed, verified by the probe (:func:`lab.shaping.link.shaped`: the delay on TCP echoes, the
 rate on a TCP bulk transfer) for as long as the jobs at that rate run
-(:func:`lab.verified_link.verified_link`)."""
+(:func:`lab.shaping.verified_link.verified_link`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from lab.engine.cluster import Cluster
 from lab.experiments.compress.plan import CompressPlan
 from lab.experiments.compress.result import LinkInfo
-from lab.verified_link import verified_link
+from lab.shaping.verified_link import verified_link
 
 __all__ = ["capped"]
 

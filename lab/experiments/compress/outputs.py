@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddp.torchfree import load_run
+from lab.experiments import timeline
 from lab.experiments.compress import figures
 from lab.experiments.compress.analysis import (
     DEFINITIONS,
@@ -26,7 +27,6 @@ from lab.experiments.compress.analysis import (
 )
 from lab.experiments.compress.result import CompressResult, HookRun
 from lab.experiments.compress.text import crossover_lines, format_table
-from lab.experiments.latency import timeline
 
 __all__ = ["Outputs", "combine_rounds", "write_outputs"]
 

@@ -4,9 +4,9 @@ every job. Docker-free, so the report and its tests build on it without the engi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from lab.experiments.compress.plan import CompressPlan
+from lab.experiments.reporting import SweepResult
 
 __all__ = ["CompressResult", "HookRun", "LinkInfo"]
 
@@ -39,15 +39,5 @@ class HookRun:
     tx_bytes: dict[int, int] = field(default_factory=dict)  # node -> eth0 bytes sent in the job
 
 
-@dataclass
-class CompressResult:
-    plan: CompressPlan
-    run_id: str
-    run_dir: Path
-    links: list[LinkInfo] = field(default_factory=list)
-    runs: list[HookRun] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def log_dir(self, run: HookRun) -> Path:
-        """Where the cluster collected ``run``'s rank logs."""
-        return self.run_dir / run.job / "logs"
+class CompressResult(SweepResult[CompressPlan, LinkInfo, HookRun]):
+    """The run: the verified link of every rate, every job in run order."""

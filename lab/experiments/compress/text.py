@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from lab.experiments.compress.analysis import Crossover, Row
 from lab.experiments.compress.plan import CompressPlan
-from lab.experiments.compress.result import LinkInfo
+from lab.experiments.compress.result import CompressResult, LinkInfo
+from lab.experiments.reporting import Closing
 
-__all__ = ["crossover_line", "crossover_lines", "format_table"]
+if TYPE_CHECKING:
+    from lab.experiments.compress.outputs import Outputs
+
+__all__ = ["closing", "crossover_line", "crossover_lines", "format_table"]
 
 
 def _num(value: float, fmt: str, suffix: str = "") -> str:
@@ -81,3 +86,12 @@ def crossover_line(c: Crossover) -> str:
 
 def crossover_lines(cs: Sequence[Crossover]) -> list[str]:
     return ["crossover (speedup vs none, Mbit/s):", *(f"  {crossover_line(c)}" for c in cs)]
+
+
+def closing(result: CompressResult, out: Outputs) -> Closing:
+    """The report: the table and the crossover, then (after the 'took' line) what diverged."""
+    broken = [f"{r.hook} at {r.rate_mbit:g} Mbit/s" for r in out.rows if not r.parity]
+    return Closing(
+        [format_table(out.rows, result.plan, result.links), *crossover_lines(out.crossovers)],
+        f"replicas DIVERGED in: {'; '.join(broken)}" if broken else "",
+    )

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import TYPE_CHECKING
 
 from ddp.torchfree import TrainConfig, add_train_arguments, config_from_args, flag_of
 from lab import args as common
+from lab.experiments.kill import torchrun_run
+from lab.experiments.kill.outputs import write_summary
 from lab.experiments.kill.plan import DEFAULT_TRAIN, RUN_TIMEOUT_HELP, KillPlan
+from lab.experiments.kill.result import KillResult
+from lab.experiments.kill.run import run as run_file  # before run(): see lab.experiments
+from lab.experiments.kill.summary import summarize
+from lab.experiments.kill.torchrun_analysis import judge
+from lab.experiments.kill.torchrun_outputs import write_report
 from lab.experiments.kill.torchrun_plan import TorchrunKillPlan
+from lab.experiments.kill.torchrun_result import TorchrunKillResult
 from lab.experiments.up.plan import LAUNCHERS
 from lab.faults import FAULTS
-
-if TYPE_CHECKING:
-    from lab.experiments.kill.result import KillResult
-    from lab.experiments.kill.torchrun_result import TorchrunKillResult
 
 __all__ = ["DESCRIPTION", "EPILOG", "HELP", "NAME", "add_arguments", "plan", "report", "run"]
 
@@ -178,24 +181,16 @@ def plan(args: argparse.Namespace) -> KillPlan | TorchrunKillPlan:
 
 def run(plan: KillPlan | TorchrunKillPlan) -> KillResult | TorchrunKillResult:
     if isinstance(plan, TorchrunKillPlan):
-        from lab.experiments.kill.torchrun_execute import run_torchrun_kill
-
-        return run_torchrun_kill(plan)
-    from lab.experiments.kill.execute import run_kill
-
-    return run_kill(plan)
+        return torchrun_run.run_torchrun_kill(plan)
+    return run_file(plan)
 
 
 def report(result: KillResult | TorchrunKillResult) -> int:
     if isinstance(result.plan, TorchrunKillPlan):
-        from lab.experiments.kill.torchrun_result import judge, write_report
-
         verdict = judge(result)
         write_report(result, verdict)
         print("\n".join(verdict.lines()))
         return 0 if verdict.ok else 1
-    from lab.experiments.kill.summary import summarize, write_summary
-
     summary = summarize(result)
     write_summary(result, summary)
     print("\n".join(summary.lines(result.plan.at_step)))

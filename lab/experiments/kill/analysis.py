@@ -10,6 +10,7 @@ knows, which rank it hit and how, and checks that the diagnosis names that rank.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -116,8 +117,7 @@ def build_report(
     notes: list[str] | None = None,
 ) -> FaultReport:
     """Compare the dumps (ddp's diagnosis), lay every event on one timeline, judge the result."""
-    world = plan.layout.world_size
-    diag = diagnose(dumps, world)
+    diag = diagnose(dumps, plan.layout.world_size)
     notes = list(notes or [])
     events: list[tuple[float, str]] = []
 
@@ -125,55 +125,71 @@ def build_report(
         events.append((t - phase.started, what))
 
     if injection is not None:
-        at(injection.trigger_time, injection.trigger)
-        took = f"the Docker call took {injection.end - injection.start:.3f} s"
-        detail = f"{injection.detail}; {took}" if injection.detail else took
-        # Stamped when lab issued the call: the fault takes effect somewhere before it returns
-        # (docker kill returns once the container is gone, its peers may have noticed first).
-        at(
-            injection.start,
-            f"FAULT: rank {plan.rank} (node{injection.node}) {plan.fault.ROLE} ({detail})",
-        )
-    rows = []
-    for rank in range(world):
-        rec = _stuck_record(dumps[rank]) if rank in dumps else None
-        waited = noticed = None
-        saw = ""
-        if rec is not None and rec.get("seq") == diag.stuck_seq:
-            at(rec["start"], f"rank {rank} entered {_describe(rec)}")
-        if rec is not None and rec.get("state") == "failed" and rec.get("end") is not None:
-            waited = max(0.0, rec["end"] - rec["start"])
-            noticed = rec["end"] - injection.start if injection is not None else None
-            saw = error_meaning(rec.get("error"))
-            at(
-                rec["end"],
-                f"rank {rank} gave up on {_describe(rec)} after {fmt_s(waited)}"
-                + (f": {saw}" if saw else ""),
-            )
-        failure = phase.failures.get(rank)
-        if failure is not None:
-            t, record = failure
-            named = ",".join(map(str, record.missing_ranks)) or "none"
-            at(t, f"rank {rank} wrote its failure record (missing ranks: {named})")
-        if rank in phase.exits:
-            at(phase.exits[rank].t, f"rank {rank} exited with code {phase.exits[rank].code}")
-        rows.append(
-            RankRow(
-                rank,
-                plan.layout.node_of(rank),
-                f"{plan.fault.ROLE} by lab" if rank == plan.rank else "survivor",
-                phase.exits[rank].code if rank in phase.exits else None,
-                _describe(rec) if rec else None,
-                waited,
-                noticed,
-                saw,
-                rec.get("error") if rec else None,
-                failure[1].missing_ranks if failure is not None else None,
-            )
-        )
+        _injected(plan, injection, at)
+    rows = [
+        _rank_row(plan, phase, injection, dumps, diag, rank, at)
+        for rank in range(plan.layout.world_size)
+    ]
     events.sort(key=lambda e: e[0])
     ok, last = _judge(plan, diag, injection, phase, notes)
     return FaultReport(diag, ok, last, rows, events, notes)
+
+
+def _injected(plan: KillPlan, injection: Injection, at: Callable[[float, str], None]) -> None:
+    at(injection.trigger_time, injection.trigger)
+    took = f"the Docker call took {injection.end - injection.start:.3f} s"
+    detail = f"{injection.detail}; {took}" if injection.detail else took
+    # Stamped when lab issued the call: the fault takes effect somewhere before it returns
+    # (docker kill returns once the container is gone, its peers may have noticed first).
+    at(
+        injection.start,
+        f"FAULT: rank {plan.rank} (node{injection.node}) {plan.fault.ROLE} ({detail})",
+    )
+
+
+def _rank_row(
+    plan: KillPlan,
+    phase: PhaseOutcome,
+    injection: Injection | None,
+    dumps: dict[int, dict],
+    diag: Diagnosis,
+    rank: int,
+    at: Callable[[float, str], None],
+) -> RankRow:
+    """One rank's row; its events (entered, gave up, failure record, exit) go to ``at``."""
+    rec = _stuck_record(dumps[rank]) if rank in dumps else None
+    waited = noticed = None
+    saw = ""
+    if rec is not None and rec.get("seq") == diag.stuck_seq:
+        at(rec["start"], f"rank {rank} entered {_describe(rec)}")
+    if rec is not None and rec.get("state") == "failed" and rec.get("end") is not None:
+        waited = max(0.0, rec["end"] - rec["start"])
+        noticed = rec["end"] - injection.start if injection is not None else None
+        saw = error_meaning(rec.get("error"))
+        at(
+            rec["end"],
+            f"rank {rank} gave up on {_describe(rec)} after {fmt_s(waited)}"
+            + (f": {saw}" if saw else ""),
+        )
+    failure = phase.failures.get(rank)
+    if failure is not None:
+        t, record = failure
+        named = ",".join(map(str, record.missing_ranks)) or "none"
+        at(t, f"rank {rank} wrote its failure record (missing ranks: {named})")
+    if rank in phase.exits:
+        at(phase.exits[rank].t, f"rank {rank} exited with code {phase.exits[rank].code}")
+    return RankRow(
+        rank,
+        plan.layout.node_of(rank),
+        f"{plan.fault.ROLE} by lab" if rank == plan.rank else "survivor",
+        phase.exits[rank].code if rank in phase.exits else None,
+        _describe(rec) if rec else None,
+        waited,
+        noticed,
+        saw,
+        rec.get("error") if rec else None,
+        failure[1].missing_ranks if failure is not None else None,
+    )
 
 
 def _judge(

@@ -1,18 +1,15 @@
-"""The closing block of ``lab kill`` and its ``report.json``: the fault report, the recovery
-check, and the exit code they make."""
+"""The closing block of ``lab kill``: the fault report, the recovery check, and the exit code
+they make (``report.json`` is :mod:`.outputs`)."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 from lab.experiments.kill.analysis import FaultReport, build_report
 from lab.experiments.kill.recovery import Recovery, compare_runs
 from lab.experiments.kill.result import KillResult
 
-__all__ = ["Summary", "summarize", "summary_dict", "write_summary"]
+__all__ = ["Summary", "summarize"]
 
 
 @dataclass
@@ -54,36 +51,3 @@ def summarize(result: KillResult) -> Summary:
             plan.layout.world_size,
         )
     return Summary(report, recovery)
-
-
-def summary_dict(result: KillResult, summary: Summary) -> dict[str, Any]:
-    plan = result.plan
-    return {
-        "run_id": result.run_id,
-        "ok": summary.ok,
-        "seconds": round(result.seconds, 3),
-        "plan": {
-            "rank": plan.rank,
-            "at_step": plan.at_step,
-            "mode": plan.mode,
-            "nodes": plan.nodes,
-            "recover": plan.recover,
-            "run_timeout_s": plan.run_timeout_s,
-            "image": plan.image,
-            "train": plan.train.to_dict(),
-        },
-        "injection": asdict(result.injection) if result.injection else None,
-        "phases": {
-            name: {"started": ph.started, "exit_codes": {str(r): c for r, c in ph.codes.items()}}
-            for name, ph in result.phases.items()
-        },
-        "fault": summary.report.to_dict(),
-        "recovery": asdict(summary.recovery) if summary.recovery else None,
-    }
-
-
-def write_summary(result: KillResult, summary: Summary) -> Path:
-    path = result.run_dir / "report.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(summary_dict(result, summary), indent=2, default=str))
-    return path

@@ -16,7 +16,7 @@ import textwrap
 
 from ddp.torchfree import TrainConfig, config_from_args, flag_of
 from lab import args as common
-from lab.experiments.latency.console import DEFINITIONS
+from lab.experiments.latency.outputs import write_outputs
 from lab.experiments.latency.plan import (
     DEFAULT_CAPS,
     DEFAULT_NODES,
@@ -25,7 +25,13 @@ from lab.experiments.latency.plan import (
     TRAIN_DEFAULTS,
     LatencyPlan,
 )
+from lab.experiments.latency.result import SweepResult
+from lab.experiments.latency.run import run  # the function: see lab.experiments.__init__
+from lab.experiments.latency.text import DEFINITIONS, closing
+from lab.experiments.reporting import report_sweep
 from lab.shaping.registry import CHOICES
+
+__all__ = ["DESCRIPTION", "EPILOG", "HELP", "NAME", "add_arguments", "plan", "report", "run"]
 
 NAME = "latency"
 HELP = "inject link latency between containers; sweep bucket caps and overlap"
@@ -165,34 +171,6 @@ def plan(args: argparse.Namespace) -> LatencyPlan:
     )  # fmt: skip
 
 
-def run(plan: LatencyPlan):
-    from lab.experiments.latency.sweep import run_sweep
-
-    return run_sweep(plan)
-
-
-def report(result) -> int:
+def report(result: SweepResult) -> int:
     """Exit 0 when parity held in every allreduce configuration, else 1."""
-    from lab.experiments.latency import console as text
-    from lab.experiments.latency.bucket_stats import format_timing
-    from lab.experiments.latency.files import write_outputs
-    from lab.experiments.reporting import written, wrote_line
-
-    out = written(write_outputs, result)
-    if out is None:
-        return 1
-    train = result.plan.train
-    print(text.format_table(out.rows, result.plan.rate_mbit, train.backward_delay_ms))
-    if out.timings:
-        print(f"per bucket, round 1 at {max(result.plan.ms):g} ms (the Gantt chart's pair):")
-        for timing in out.timings:
-            print(format_timing(timing))
-    print(wrote_line(result, out.files, took="sweep took"))
-    broken = [r.config for r in out.rows if r.parity is False]
-    if broken:
-        print(f"parity BROKEN in: {'; '.join(broken)}")
-    for h in out.headlines:
-        print(text.overlap_by_cap_line(out.rows, h.ms))
-    for h in out.headlines:
-        print(text.headline_line(h))
-    return 1 if broken else 0
+    return report_sweep(result, write_outputs, closing, took="sweep took")

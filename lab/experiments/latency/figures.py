@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lab.experiments.latency.stats import Row
+from lab.experiments.latency.analysis import Row
 from lab.words import count
 
 __all__ = ["plot_sweep"]

@@ -1,5 +1,6 @@
 """The sweep's link at one delay: the cluster's nodes shaped and verified
-(:func:`lab.verified_link.verified_link`) for as long as the configurations at that delay run.
+(:func:`lab.shaping.verified_link.verified_link`) for as long as the configurations at that
+delay run.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Iterator
 from lab.engine.cluster import Cluster
 from lab.experiments.latency.plan import LatencyPlan
 from lab.experiments.latency.result import LinkReport
-from lab.verified_link import verified_link
+from lab.shaping.verified_link import verified_link
 
 __all__ = ["link"]
 

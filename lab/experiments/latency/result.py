@@ -5,11 +5,11 @@ Docker-free, so the report and its tests build on it without the engine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
+from lab.experiments.latency.analysis import ConfigStats
 from lab.experiments.latency.plan import Configuration, LatencyPlan
-from lab.experiments.latency.stats import ConfigStats
+from lab.experiments.reporting import SweepResult as _Sweep
 
 __all__ = ["ConfigRun", "LinkReport", "SweepResult"]
 
@@ -42,15 +42,5 @@ class ConfigRun:
     seconds: float
 
 
-@dataclass
-class SweepResult:
-    plan: LatencyPlan
-    run_id: str
-    run_dir: Path
-    links: list[LinkReport] = field(default_factory=list)
-    runs: list[ConfigRun] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def log_dir(self, run: ConfigRun) -> Path:
-        """Where the cluster collected ``run``'s rank logs."""
-        return self.run_dir / run.job / "logs"
+class SweepResult(_Sweep[LatencyPlan, LinkReport, ConfigRun]):
+    """The sweep: the verified link of every delay, every configuration's run in run order."""

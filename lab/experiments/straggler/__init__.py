@@ -15,9 +15,16 @@ import textwrap
 
 from ddp.torchfree import config_from_args
 from lab import args as common
+from lab.experiments.reporting import report_sweep
 from lab.experiments.straggler.analysis import DEFINITIONS
+from lab.experiments.straggler.outputs import write_outputs
 from lab.experiments.straggler.plan import QUICK_STEPS, TRAIN_DEFAULTS, StragglerPlan
+from lab.experiments.straggler.result import StragglerResult
+from lab.experiments.straggler.run import run  # the function: see lab.experiments.__init__
+from lab.experiments.straggler.text import closing
 from lab.shaping.registry import CHOICES
+
+__all__ = ["DESCRIPTION", "EPILOG", "HELP", "NAME", "add_arguments", "plan", "report", "run"]
 
 NAME = "straggler"
 HELP = "slow one rank (a CPU quota, or a slow link): every rank's step rises to its step"
@@ -101,25 +108,6 @@ def plan(args: argparse.Namespace) -> StragglerPlan:
     )  # fmt: skip
 
 
-def run(plan: StragglerPlan):
-    from lab.experiments.straggler.execute import run_straggler
-
-    return run_straggler(plan)
-
-
-def report(result) -> int:
+def report(result: StragglerResult) -> int:
     """Exit 0 when both jobs finished with parity, else 1."""
-    from lab.experiments.reporting import written, wrote_line
-    from lab.experiments.straggler.outputs import format_table, headline_line, write_outputs
-
-    out = written(write_outputs, result)
-    if out is None:
-        return 1
-    print(f"{result.plan.describe()}; medians over the measured steps:")
-    print(format_table(out.summary))
-    print(wrote_line(result, out.files))
-    broken = [n for n, j in result.jobs.items() if not j.parity]
-    if broken:
-        print(f"parity BROKEN in: {', '.join(broken)}")
-    print(headline_line(out.summary, result.plan.rank, cpu=result.plan.quota is not None))
-    return 1 if broken else 0
+    return report_sweep(result, write_outputs, closing)

@@ -1,7 +1,7 @@
 """The straggler's slow link: every packet into (netem: out of) the straggler's node delayed by
 ``--slow-link-ms``, the other nodes' links untouched, verified by the probe from the straggler
 to a peer (:func:`lab.shaping.link.shaped` with per-node delays) for as long as the slowed job
-runs (:func:`lab.verified_link.verified_link`)."""
+runs (:func:`lab.shaping.verified_link.verified_link`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 from lab.engine.cluster import Cluster
 from lab.experiments.straggler.plan import StragglerPlan
-from lab.verified_link import verified_link
+from lab.shaping.verified_link import verified_link
 
 __all__ = ["slow_link"]
 

@@ -1,8 +1,7 @@
-"""What ``lab straggler`` prints and writes to ``runs/<run-id>/``: the per-rank table, the
-headline, ``straggler.csv``, ``straggler.json``, ``trace.json`` (Chrome trace) and
-``gantt.png`` (one representative step, unslowed above, slowed below: the fast ranks' yellow
-"allreduce wait" bar is the time they spend waiting for the straggler). Everything is read
-from the collected rank logs."""
+"""What ``lab straggler`` writes to ``runs/<run-id>/``: ``straggler.csv``, ``straggler.json``,
+``trace.json`` (Chrome trace) and ``gantt.png`` (one representative step, unslowed above,
+slowed below: the fast ranks' yellow "allreduce wait" bar is the time they spend waiting for
+the straggler). Everything is read from the collected rank logs."""
 
 from __future__ import annotations
 
@@ -13,49 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddp.torchfree import load_run
-from lab.experiments.latency import timeline
+from lab.experiments import timeline
 from lab.experiments.straggler.analysis import DEFINITIONS, Summary, job_stats, summarize
-from lab.experiments.straggler.execute import StragglerResult
 from lab.experiments.straggler.plan import BASELINE_JOB, SLOWED_JOB
+from lab.experiments.straggler.result import StragglerResult
 
-__all__ = ["Outputs", "format_table", "headline_line", "write_outputs"]
+__all__ = ["Outputs", "write_outputs"]
 
 
 @dataclass
 class Outputs:
     summary: Summary
     files: list[Path]
-
-
-def format_table(s: Summary) -> str:
-    """Per rank, slowed job beside the unslowed baseline (medians, ms)."""
-    header = (
-        f"{'rank':<12}{'compute ms':>12}{'waiting ms':>12}{'step ms':>10}"
-        f"{'baseline step ms':>18}{'vs baseline':>13}{'baseline compute ms':>21}"
-    )
-    lines = [header]
-    for r in s.rows:
-        name = f"{r.rank} (slow)" if r.straggler else str(r.rank)
-        lines.append(
-            f"{name:<12}{r.compute_ms:>12.1f}{r.waiting_ms:>12.1f}{r.step_ms:>10.1f}"
-            f"{r.baseline_step_ms:>18.1f}{r.vs_baseline:>12.2f}x{r.baseline_compute_ms:>21.1f}"
-        )
-    lines.append(
-        f"{'job step':<12}{'':>34}{s.job_step_ms:>10.1f}{s.baseline_job_step_ms:>18.1f}"
-        f"{s.job_x:>12.2f}x"
-    )
-    return "\n".join(lines)
-
-
-def headline_line(s: Summary, straggler: int, cpu: bool = True) -> str:
-    """The closing line. ``cpu``: the straggler was slowed by a CPU quota (its compute is what
-    changed); else only by its link (what changed is everyone's waiting)."""
-    what = f"its compute {s.straggler_compute_x:.1f}x slower" if cpu else "its link slower"
-    return (
-        f"straggler rank {straggler}: {what}, every rank's step {s.job_x:.1f}x "
-        f"({s.baseline_job_step_ms:.1f} -> {s.job_step_ms:.1f} ms); "
-        f"the others wait {s.others_waiting_ms:.1f} ms per step in allreduce"
-    )
 
 
 _FIGURES = ("compute_ms", "waiting_ms", "step_ms", "baseline_compute_ms", "baseline_waiting_ms",

@@ -8,7 +8,13 @@ from pathlib import Path
 from ddp.torchfree import add_train_arguments, config_from_args
 from lab import args as common
 from lab.engine.layout import Layout
+from lab.experiments.up.outputs import write_summary
 from lab.experiments.up.plan import LAUNCHERS, TOPOLOGIES, Topology, UpPlan, load_topology
+from lab.experiments.up.result import UpResult
+from lab.experiments.up.run import run  # the function: see lab.experiments.__init__
+from lab.experiments.up.text import format_summary
+
+__all__ = ["DESCRIPTION", "EPILOG", "HELP", "NAME", "add_arguments", "plan", "report", "run"]
 
 NAME = "up"
 HELP = "run a topology to its parity verdict, then remove it"
@@ -72,15 +78,7 @@ def plan(args: argparse.Namespace) -> UpPlan:
     )  # fmt: skip
 
 
-def run(plan: UpPlan):
-    from lab.experiments.up.execute import run_up
-
-    return run_up(plan)
-
-
-def report(result) -> int:
-    from lab.experiments.up.summary import format_summary, write_summary
-
+def report(result: UpResult) -> int:
     write_summary(result)
     print(format_summary(result))
     return 0 if result.ok else 1

@@ -25,7 +25,7 @@ from lab.experiments.kill.text import tidy_line
 from lab.faults import Fault
 from lab.progress import Progress
 
-__all__ = ["run_kill"]
+__all__ = ["run"]
 
 _FAIL_GRACE_S = 10.0  # after a rank fails, how long the others get to say what they saw
 _EXIT_AFTER_RELEASE_S = 30.0  # a released rank's container stream ends within this
@@ -140,7 +140,7 @@ def _fault_phase(
     return follower.outcome(job), injection, notes
 
 
-def run_kill(plan: KillPlan, echo: _Echo = print) -> KillResult:
+def run(plan: KillPlan, echo: _Echo = print) -> KillResult:
     """Run every phase of ``plan`` on one cluster; collect; always clean up."""
     client = connect()
     started = time.monotonic()

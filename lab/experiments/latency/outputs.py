@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddp.torchfree import load_run
-from lab.experiments.latency import figures, timeline
+from lab.experiments import timeline
+from lab.experiments.latency import figures
+from lab.experiments.latency.analysis import Row, derive_rows, summarize
 from lab.experiments.latency.bucket_stats import ConfigTiming, time_buckets
-from lab.experiments.latency.console import DEFINITIONS, Headline, headline
 from lab.experiments.latency.result import ConfigRun, SweepResult
-from lab.experiments.latency.stats import Row, derive_rows, summarize
+from lab.experiments.latency.text import DEFINITIONS, Headline, headline
 
 __all__ = [
     "Outputs",

@@ -12,41 +12,19 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
-from lab.engine.client import connect
 from lab.engine.cluster import Cluster
-from lab.experiments.followed import train_to_end
+from lab.experiments.followed import holds, train_to_end
 from lab.experiments.straggler.plan import (
     BASELINE_JOB,
     CPU_PERIOD_US,
     SLOWED_JOB,
     StragglerPlan,
 )
+from lab.experiments.straggler.result import JobRun, StragglerResult
+from lab.experiments.sweep import lifetime, sweep_cluster
 
-__all__ = ["JobRun", "StragglerResult", "run_straggler"]
-
-
-@dataclass
-class JobRun:
-    name: str
-    codes: dict[int, int]
-    parity: bool
-    seconds: float
-
-
-@dataclass
-class StragglerResult:
-    plan: StragglerPlan
-    run_id: str
-    run_dir: Path
-    jobs: dict[str, JobRun] = field(default_factory=dict)
-    link_lines: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def log_dir(self, job: str) -> Path:
-        return self.run_dir / job / "logs"
+__all__ = ["run"]
 
 
 def _run_job(cluster: Cluster, plan: StragglerPlan, name: str, echo: Callable) -> JobRun:
@@ -55,8 +33,7 @@ def _run_job(cluster: Cluster, plan: StragglerPlan, name: str, echo: Callable) -
         cluster, name, plan.train, plan.run_timeout_s, progress=plan.progress, echo=echo,
         where=f"job {name}", slow_hint="a straggler with a tiny quota is slow",
     )  # fmt: skip
-    parity = job.verdict is not None and job.verdict.holds
-    return JobRun(name, dict(job.codes), parity, time.monotonic() - started)
+    return JobRun(name, dict(job.codes), holds(job), time.monotonic() - started)
 
 
 @contextlib.contextmanager
@@ -90,32 +67,27 @@ def _lift_quota(cluster: Cluster, node: int, echo: Callable[[str], None]) -> Non
         echo(f"warning: could not lift node{node}'s CPU quota (removed with the run): {e}")
 
 
-def run_straggler(plan: StragglerPlan, echo: Callable[[str], None] = print) -> StragglerResult:
-    """Baseline, then the straggler, in one cluster that is always cleaned up."""
-    lifetime_s = 2 * (plan.run_timeout_s + 60) + 600  # bounds what lab leaves, should it die
-    cluster = Cluster(connect(), plan.layout, image=plan.image, lifetime_s=lifetime_s,
-                      net_admin=bool(plan.slow_link_ms), echo=echo)  # fmt: skip
-    result = StragglerResult(plan, cluster.run_id, plan.runs_dir / cluster.run_id)
-    cluster.run_dir = result.run_dir
-    echo(
-        f"run {cluster.run_id}: {plan.nodes} nodes, model {plan.train.model}, "
+def _header(result: StragglerResult) -> str:
+    plan = result.plan
+    return (
+        f"run {result.run_id}: {plan.nodes} nodes, model {plan.train.model}, "
         f"{plan.train.steps} steps, batch {plan.train.batch_size}; {plan.describe()}; "
         f"output in {result.run_dir}/"
     )
-    started = time.monotonic()
-    try:
-        with cluster:
-            for name in (BASELINE_JOB, SLOWED_JOB):
-                echo(f"job {name}: {'unslowed' if name == BASELINE_JOB else plan.describe()}")
-                with contextlib.ExitStack() as stack:
-                    if name == SLOWED_JOB:
-                        stack.enter_context(
-                            _slowed(cluster, plan, lifetime_s, echo, result.link_lines)
-                        )
-                    run = _run_job(cluster, plan, name, echo)
-                result.jobs[name] = run
-                echo(f"job {name}: done in {run.seconds:.0f} s, parity "
-                     f"{'holds' if run.parity else 'BROKEN'}")  # fmt: skip
-    finally:
-        result.seconds = time.monotonic() - started
+
+
+def run(plan: StragglerPlan, echo: Callable[[str], None] = print) -> StragglerResult:
+    """Baseline, then the straggler, in one cluster that is always cleaned up."""
+    lifetime_s = lifetime(2, plan.run_timeout_s)
+    with sweep_cluster(plan, StragglerResult, _header, echo, lifetime_s=lifetime_s,
+                       net_admin=bool(plan.slow_link_ms)) as (cluster, result):  # fmt: skip
+        for name in (BASELINE_JOB, SLOWED_JOB):
+            echo(f"job {name}: {'unslowed' if name == BASELINE_JOB else plan.describe()}")
+            with contextlib.ExitStack() as stack:
+                if name == SLOWED_JOB:
+                    stack.enter_context(_slowed(cluster, plan, lifetime_s, echo, result.link_lines))
+                job = _run_job(cluster, plan, name, echo)
+            result.jobs[name] = job
+            echo(f"job {name}: done in {job.seconds:.0f} s, parity "
+                 f"{'holds' if job.parity else 'BROKEN'}")  # fmt: skip
     return result

@@ -1,18 +1,25 @@
 """What ``lab latency`` prints: the progress line of a finished configuration, the table, the
-per-cap overlap line and the headline; and the definitions of every figure (also written to
-``latency.json`` and shown in ``--help``). Pure."""
+per-bucket timings, the per-cap overlap line and the headline; and the definitions of every
+figure (also written to ``latency.json`` and shown in ``--help``). Pure."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from lab.experiments.latency.result import ConfigRun
-from lab.experiments.latency.stats import Row
+from lab.experiments.latency.analysis import Row
+from lab.experiments.latency.bucket_stats import format_timing
+from lab.experiments.latency.result import ConfigRun, SweepResult
+from lab.experiments.reporting import Closing
+
+if TYPE_CHECKING:
+    from lab.experiments.latency.outputs import Outputs
 
 __all__ = [
     "DEFINITIONS",
     "Headline",
+    "closing",
     "describe",
     "format_table",
     "headline",
@@ -144,3 +151,20 @@ def format_table(rows: list[Row], rate_mbit: float | None = None, backward_ms: f
                 f"{speedup + ('x' if speedup != '-' else ''):>22}  {r.parity_text}"
             )
     return "\n".join(lines)
+
+
+def closing(result: SweepResult, out: Outputs) -> Closing:
+    """The report: the table and the Gantt pair's bucket timings, then (after the 'took' line)
+    what broke, overlap per cap and the headline of every delay."""
+    train = result.plan.train
+    table = [format_table(out.rows, result.plan.rate_mbit, train.backward_delay_ms)]
+    if out.timings:
+        table.append(f"per bucket, round 1 at {max(result.plan.ms):g} ms (the Gantt chart's pair):")
+        table += [format_timing(timing) for timing in out.timings]
+    broken = [r.config for r in out.rows if r.parity is False]
+    return Closing(
+        table,
+        f"parity BROKEN in: {'; '.join(broken)}" if broken else "",
+        [overlap_by_cap_line(out.rows, h.ms) for h in out.headlines]
+        + [headline_line(h) for h in out.headlines],
+    )

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -23,32 +22,12 @@ from lab.engine.job import Job
 from lab.engine.specs import new_run_id
 from lab.engine.stats import ResourceSampler
 from lab.experiments.up.plan import UpPlan
+from lab.experiments.up.result import JOB, UpResult
 from lab.progress import Progress, follow_steps
 
-__all__ = ["JOB", "UpResult", "failure_message", "run_up"]
+__all__ = ["failure_message", "run"]
 
-JOB = "train"  # the job's name: runs/<run-id>/train/
 _FAIL_GRACE_S = 10.0  # after a rank fails, how long the others get to say what they saw
-
-
-@dataclass
-class UpResult:
-    plan: UpPlan
-    run_id: str
-    run_dir: Path
-    codes: dict[int, int]
-    usage: dict[int, tuple[float | None, float | None]]  # rank -> (CPU s, peak RSS MiB)
-    holds: bool
-    verdict: str
-    training_s: float  # from the first rank's set-up record to the last exit
-    total_s: float  # containers created to removed
-    sampler: ResourceSampler
-    # node -> the ranks that reported from it (torchrun assigns them; file: the layout's)
-    placement: dict[int, list[int]] = dataclasses.field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return self.holds and all(code == 0 for code in self.codes.values())
 
 
 def _show(
@@ -101,7 +80,7 @@ def failure_message(job: Job) -> str:
     return "\n".join(lines)
 
 
-def run_up(plan: UpPlan, echo: Callable[[str], None] = print) -> UpResult:
+def run(plan: UpPlan, echo: Callable[[str], None] = print) -> UpResult:
     """Start, train, collect into ``runs_dir/<run-id>/``, check parity; always clean up."""
     client = connect()
     started = time.monotonic()
