@@ -105,15 +105,8 @@ def shaped(
     the tolerance :mod:`lab.shaping.probe` states, on UDP echoes and a TCP bulk transfer.
     """
     impair = impair or Impairments()
-    if len(nodes) < 2:
-        raise ValueError(f"shaping needs at least 2 nodes to verify, got {len(nodes)}")
     node_ms = dict(node_ms or {})
-    bad = sorted(i for i in node_ms if not 0 <= i < len(nodes))
-    if bad:
-        raise ValueError(f"per-node delays for nodes {bad}, but the nodes are 0..{len(nodes) - 1}")
-    delays = [node_ms.get(i, ms) for i in range(len(nodes))]
-    if not all(d >= 0 for d in delays) or (not any(delays) and not rate_mbit and not impair):
-        raise ValueError(f"nothing to shape: ms={ms!r}, node_ms={node_ms!r}, rate={rate_mbit!r}")
+    delays = _delays(len(nodes), ms, node_ms, rate_mbit, impair)
     choice = choose_shaper(shaper, nodes[0].run, nodes[0].dev)
     # The probe runs from the slowest node (node 0 when all are alike) to the next one.
     slow = max(range(len(nodes)), key=lambda i: (delays[i], -i))
@@ -140,21 +133,41 @@ def shaped(
             rtt = report.expected_added_ms + report.baseline.get("p50_ms", 0)
             wait = 2 * rtt + 8 * impair.round_trip_sd_ms() + 50
             report.udp = probe.udp(client, server, probe_port, python, udp_count, wait)
-        # Under jitter the delay is judged on the UDP echoes: each travels alone, while a TCP
-        # echo's request queues behind the previous reply's ACK, and order-keeping then gives
-        # it the later of two draws (a median biased up by about half a sd per hop).
-        on = (
-            (report.udp, report.udp_baseline)
-            if impair.jitter_ms
-            else (report.measured, report.baseline)
-        )
-        if report.expected_added_ms > 0:
-            try:
-                probe.verify(on[0]["p50_ms"], report.expected_added_ms / 2, on[1]["p50_ms"])
-            except ValueError as e:
-                raise LinkMismatch(f"{report.line()}: {e}") from None
+        _verify_delay(report, impair)
         _verify_more(report, client, server, probe_port, python, udp_count)
         yield report
+
+
+def _delays(
+    n: int, ms: float, node_ms: Mapping[int, float], rate_mbit: float | None, impair: Impairments
+) -> list[float]:
+    """Every node's one-way delay; ValueError when the nodes are too few or nothing is shaped."""
+    if n < 2:
+        raise ValueError(f"shaping needs at least 2 nodes to verify, got {n}")
+    bad = sorted(i for i in node_ms if not 0 <= i < n)
+    if bad:
+        raise ValueError(f"per-node delays for nodes {bad}, but the nodes are 0..{n - 1}")
+    delays = [node_ms.get(i, ms) for i in range(n)]
+    if not all(d >= 0 for d in delays) or (not any(delays) and not rate_mbit and not impair):
+        raise ValueError(f"nothing to shape: ms={ms!r}, node_ms={node_ms!r}, rate={rate_mbit!r}")
+    return delays
+
+
+def _verify_delay(report: ShapingReport, impair: Impairments) -> None:
+    """The added round trip is what the delays ask (LinkMismatch if not)."""
+    # Under jitter the delay is judged on the UDP echoes: each travels alone, while a TCP
+    # echo's request queues behind the previous reply's ACK, and order-keeping then gives
+    # it the later of two draws (a median biased up by about half a sd per hop).
+    on = (
+        (report.udp, report.udp_baseline)
+        if impair.jitter_ms
+        else (report.measured, report.baseline)
+    )
+    if report.expected_added_ms > 0:
+        try:
+            probe.verify(on[0]["p50_ms"], report.expected_added_ms / 2, on[1]["p50_ms"])
+        except ValueError as e:
+            raise LinkMismatch(f"{report.line()}: {e}") from None
 
 
 def bulk_mbytes(rate_mbit: float) -> float:

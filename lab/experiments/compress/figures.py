@@ -55,6 +55,16 @@ def plot_compress(path: Path, rows: Sequence[Row], cs: Sequence[Crossover], titl
     ax_s.set_ylabel("speedup vs none (log; >1: compression pays)")
     ax_s.set_title("speedup vs none; dotted: interpolated crossover", fontsize=10)
 
+    _plot_price(ax_q, rows, color)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _plot_price(ax_q, rows: Sequence[Row], color: dict[str, str]) -> None:
+    """Per hook at the lowest rate: final loss minus none's (bars), max |param diff| vs the
+    exact single process (dots, log axis on the right)."""
     lowest = min(r.rate_mbit for r in rows)
     at = [r for r in rows if r.rate_mbit == lowest]
     xs = range(len(at))
@@ -74,7 +84,3 @@ def plot_compress(path: Path, rows: Sequence[Row], cs: Sequence[Crossover], titl
                           fontsize=8, va="center")  # fmt: skip
         ax_d.set_yscale("log")
     ax_d.set_ylabel("max |param diff| vs exact single process (log)")
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
