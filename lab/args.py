@@ -16,9 +16,12 @@ __all__ = [
     "add_collective_timeout",
     "add_common",
     "add_impairments",
+    "add_job_flags",
+    "add_procs_per_node",
     "add_run_timeout",
     "add_train_flags",
     "check_finite",
+    "check_job",
     "check_timeouts",
     "check_warmup",
     "float_list",
@@ -175,6 +178,31 @@ def add_train_flags(
     ``fields`` (the parsed namespace's attributes, for ``config_from_args``)."""
     add_train_arguments(_Only(p, {flag_of(f) for f in fields}), GROUPS, defaults=defaults)  # type: ignore[arg-type]
     return list(fields)
+
+
+def add_job_flags(
+    p: argparse.ArgumentParser, fields: list[str], defaults: TrainConfig, what: str
+) -> None:
+    """A sweep's last flags, in its --help's order: the training fields it leaves to the user
+    (:func:`add_train_flags`), ``--collective-timeout``, ``--run-timeout`` (300 s for ``what``,
+    one job) and :func:`add_common`'s."""
+    add_train_flags(p, fields, defaults=defaults)
+    add_collective_timeout(p, defaults.collective_timeout_s)
+    add_run_timeout(p, 300.0, what)
+    add_common(p)
+
+
+def add_procs_per_node(p: argparse.ArgumentParser, help: str) -> None:
+    """``--procs-per-node``: workers per node under torchrun (its ``--nproc-per-node``); no
+    default here, so a plan can tell it was given."""
+    p.add_argument("--procs-per-node", type=number(1, kind=int), help=help)
+
+
+def check_job(train: TrainConfig, run_timeout_s: float, nodes: int, what: str) -> None:
+    """A sweep's job fits its bounds: the timeouts nest (:func:`check_timeouts`) and the global
+    batch splits over the ``nodes`` ranks (one per node). ValueError naming the flags."""
+    check_timeouts(train.collective_timeout_s, run_timeout_s, what)
+    train.local_batch(nodes)
 
 
 def check_timeouts(collective_timeout_s: float, run_timeout_s: float, what: str) -> None:

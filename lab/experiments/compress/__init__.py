@@ -18,12 +18,10 @@ from lab import args as common
 from lab.experiments.compress.outputs import write_outputs
 from lab.experiments.compress.plan import QUICK, TRAIN_DEFAULTS, CompressPlan
 from lab.experiments.compress.result import CompressResult
-from lab.experiments.compress.run import run  # the function: see lab.experiments.__init__
+from lab.experiments.compress.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.compress.text import closing
 from lab.experiments.reporting import report_sweep
 from lab.shaping.registry import CHOICES
-
-__all__ = ["DESCRIPTION", "EPILOG", "HELP", "NAME", "add_arguments", "plan", "report", "run"]
 
 NAME = "compress"
 HELP = "gradient compression (fp16, bf16, powersgd) under a bandwidth cap: where it pays"
@@ -114,10 +112,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"{QUICK.rounds} round (each only where its flag is not given) of {QUICK.steps} steps "
         "(overrides --steps)",
     )  # fmt: skip
-    common.add_train_flags(p, _TRAIN_FIELDS, defaults=TRAIN_DEFAULTS)
-    common.add_collective_timeout(p, TRAIN_DEFAULTS.collective_timeout_s)
-    common.add_run_timeout(p, 300.0, "one job")
-    common.add_common(p)
+    common.add_job_flags(p, _TRAIN_FIELDS, TRAIN_DEFAULTS, "one job")
 
 
 def plan(args: argparse.Namespace) -> CompressPlan:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddp.torchfree import COMM_HOOKS, POWERSGD_START_ITER, TrainConfig
-from lab.args import check_finite, check_timeouts, check_warmup
+from lab.args import check_finite, check_job, check_warmup
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE
 from lab.shaping.registry import CHOICES
@@ -26,7 +26,6 @@ __all__ = [
     "TRAIN_DEFAULTS",
     "CompressPlan",
     "Planned",
-    "job_name",
 ]
 
 BASELINE = "none"  # the uncompressed allreduce every hook is compared with
@@ -59,11 +58,6 @@ class Quick:
 QUICK = Quick()
 
 
-def job_name(rate_mbit: float, hook: str, round_: int) -> str:
-    """The job of one hook at one rate: ``runs/<run-id>/<job>/``."""
-    return f"{rate_mbit:g}mbit-{hook}-r{round_}"
-
-
 @dataclass(frozen=True)
 class Planned:
     """One job of the plan, in run order."""
@@ -71,8 +65,12 @@ class Planned:
     rate_mbit: float
     round: int
     hook: str
-    job: str
     train: TrainConfig
+
+    @property
+    def job(self) -> str:
+        """The job of one hook at one rate: ``runs/<run-id>/<job>/``."""
+        return f"{self.rate_mbit:g}mbit-{self.hook}-r{self.round}"
 
 
 @dataclass(frozen=True)
@@ -128,8 +126,7 @@ class CompressPlan:
             raise ValueError(f"--nodes must be >= 2 (a link needs two ends), got {self.nodes}")
         if self.train.sync != "allreduce" or self.train.comm_hook != "none":
             raise ValueError("the base training config must be a plain allreduce (no hook)")
-        check_timeouts(self.train.collective_timeout_s, self.run_timeout_s, "job")
-        self.train.local_batch(self.nodes)  # the global batch must split over the ranks
+        check_job(self.train, self.run_timeout_s, self.nodes, "job")
 
     @property
     def layout(self) -> Layout:
@@ -149,9 +146,7 @@ class CompressPlan:
     def jobs(self, rate_mbit: float) -> list[Planned]:
         """The jobs at one rate: every round runs every hook."""
         return [
-            Planned(
-                rate_mbit, r, hook, job_name(rate_mbit, hook, r), self.train.replace(comm_hook=hook)
-            )
+            Planned(rate_mbit, r, hook, self.train.replace(comm_hook=hook))
             for r in range(1, self.rounds + 1)
             for hook in self.ordered_hooks
         ]

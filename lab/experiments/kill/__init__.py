@@ -126,10 +126,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="file: lab starts every rank and hits its container; torchrun: one torchrun per "
         "node, a worker process is killed and torchrun restarts the group (default %(default)s)",
     )
-    p.add_argument(
-        "--procs-per-node",
-        type=common.number(1, kind=int),
-        help="--launcher torchrun: workers per node (torchrun's --nproc-per-node; default 1)",
+    common.add_procs_per_node(
+        p, "--launcher torchrun: workers per node (torchrun's --nproc-per-node; default 1)"
     )
     p.add_argument(
         "--max-restarts",

@@ -67,16 +67,22 @@ def _unfinished(job: Job, what: str) -> LabError:
     return RunTimeout(f"{what}: nodes {job.running} still running. Last lines:\n{tails}")
 
 
+def _started(
+    cluster: Cluster, plan: TorchrunKillPlan, name: str, timeout: float, echo: _Echo
+) -> tuple[Job, _Follower]:
+    """Job ``name`` (its phase's config) under torchrun on every node, followed."""
+    follower = _Follower(name, plan, echo)
+    job = cluster.torchrun(name, plan.config(name), timeout, launch=plan.launch, echo=follower)
+    return job, follower
+
+
 def _reference(cluster: Cluster, plan: TorchrunKillPlan, echo: _Echo) -> JobOutcome:
     echo(
         f"== reference: {plan.train.steps} steps, uninterrupted "
         f"(logs in {job_dir('reference')}/logs)"
     )
-    follower = _Follower("reference", plan, echo)
     timeout = plan.reference_timeout_s
-    job = cluster.torchrun(
-        "reference", plan.config("reference"), timeout, launch=plan.launch, echo=follower
-    )
+    job, follower = _started(cluster, plan, "reference", timeout, echo)
     job.wait(timeout + _WAIT_SLACK_S)
     job.close()
     outcome = follower.outcome(job)
@@ -110,11 +116,8 @@ def _faulted(
         f"== fault: SIGKILL rank {plan.rank}'s worker process as soon as it reports step "
         f"{plan.at_step - 1}, then torchrun restarts the workers (logs in {job_dir('fault')}/logs)"
     )
-    follower = _Follower("fault", plan, echo)
     timeout = plan.fault_timeout_s
-    job = cluster.torchrun(
-        "fault", plan.config("fault"), timeout, launch=plan.launch, echo=follower
-    )
+    job, follower = _started(cluster, plan, "fault", timeout, echo)
     trigger = None
     for event in job.events(plan.run_timeout_s):
         if isinstance(event, ExitEvent):

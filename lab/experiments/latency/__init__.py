@@ -26,12 +26,10 @@ from lab.experiments.latency.plan import (
     LatencyPlan,
 )
 from lab.experiments.latency.result import SweepResult
-from lab.experiments.latency.run import run  # the function: see lab.experiments.__init__
+from lab.experiments.latency.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.latency.text import DEFINITIONS, closing
 from lab.experiments.reporting import report_sweep
 from lab.shaping.registry import CHOICES
-
-__all__ = ["DESCRIPTION", "EPILOG", "HELP", "NAME", "add_arguments", "plan", "report", "run"]
 
 NAME = "latency"
 HELP = "inject link latency between containers; sweep bucket caps and overlap"
@@ -146,10 +144,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--timeline-cap", type=common.number(0),
         help="cap (MB) of the Gantt chart (default: the fastest bucketed cap with overlap on)",
     )  # fmt: skip
-    common.add_train_flags(p, _TRAIN_FIELDS, defaults=TRAIN_DEFAULTS)
-    common.add_collective_timeout(p, TRAIN_DEFAULTS.collective_timeout_s)
-    common.add_run_timeout(p, 300.0, "one configuration (one round of it)")
-    common.add_common(p)
+    common.add_job_flags(p, _TRAIN_FIELDS, TRAIN_DEFAULTS, "one configuration (one round of it)")
 
 
 def plan(args: argparse.Namespace) -> LatencyPlan:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddp.torchfree import TrainConfig
-from lab.args import check_finite, check_timeouts, check_warmup
+from lab.args import check_finite, check_job, check_warmup
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE
 from lab.shaping.impair import Impairments
@@ -164,8 +164,7 @@ class LatencyPlan:
             raise ValueError(
                 f"--cpus must be a finite number > 0 (cores per node), got {self.cpus!r}"
             )
-        check_timeouts(self.train.collective_timeout_s, self.run_timeout_s, "configuration")
-        self.train.local_batch(self.nodes)  # the global batch must split over the ranks
+        check_job(self.train, self.run_timeout_s, self.nodes, "configuration")
 
     @property
     def layout(self) -> Layout:

@@ -20,11 +20,9 @@ from lab.experiments.straggler.analysis import DEFINITIONS
 from lab.experiments.straggler.outputs import write_outputs
 from lab.experiments.straggler.plan import QUICK_STEPS, TRAIN_DEFAULTS, StragglerPlan
 from lab.experiments.straggler.result import StragglerResult
-from lab.experiments.straggler.run import run  # the function: see lab.experiments.__init__
+from lab.experiments.straggler.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.straggler.text import closing
 from lab.shaping.registry import CHOICES
-
-__all__ = ["DESCRIPTION", "EPILOG", "HELP", "NAME", "add_arguments", "plan", "report", "run"]
 
 NAME = "straggler"
 HELP = "slow one rank (a CPU quota, or a slow link): every rank's step rises to its step"
@@ -87,10 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="first steps left out of the medians (default 2)")  # fmt: skip
     p.add_argument("--quick", action="store_true",
                    help=f"{QUICK_STEPS} steps per job: about a minute")  # fmt: skip
-    common.add_train_flags(p, _TRAIN_FIELDS, defaults=TRAIN_DEFAULTS)
-    common.add_collective_timeout(p, TRAIN_DEFAULTS.collective_timeout_s)
-    common.add_run_timeout(p, 300.0, "one job")
-    common.add_common(p)
+    common.add_job_flags(p, _TRAIN_FIELDS, TRAIN_DEFAULTS, "one job")
 
 
 def plan(args: argparse.Namespace) -> StragglerPlan:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddp.torchfree import TrainConfig
-from lab.args import check_timeouts, check_warmup
+from lab.args import check_job, check_warmup
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE
 from lab.shaping.impair import Impairments
@@ -103,8 +103,7 @@ class StragglerPlan:
                 "nothing slows the straggler: give --slowdown above 1, --cpus, or --slow-link-ms"
             )
         check_warmup(self.warmup, self.train.steps)
-        check_timeouts(self.train.collective_timeout_s, self.run_timeout_s, "job")
-        self.train.local_batch(self.nodes)  # the global batch must split over the ranks
+        check_job(self.train, self.run_timeout_s, self.nodes, "job")
 
     @property
     def layout(self) -> Layout:

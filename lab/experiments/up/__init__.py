@@ -11,10 +11,8 @@ from lab.engine.layout import Layout
 from lab.experiments.up.outputs import write_summary
 from lab.experiments.up.plan import LAUNCHERS, TOPOLOGIES, Topology, UpPlan, load_topology
 from lab.experiments.up.result import UpResult
-from lab.experiments.up.run import run  # the function: see lab.experiments.__init__
+from lab.experiments.up.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.up.text import format_summary
-
-__all__ = ["DESCRIPTION", "EPILOG", "HELP", "NAME", "add_arguments", "plan", "report", "run"]
 
 NAME = "up"
 HELP = "run a topology to its parity verdict, then remove it"
@@ -40,10 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ranks-per-node", type=common.number(1, kind=int), help="ranks per container (default 1)"
     )
-    p.add_argument(
-        "--procs-per-node",
-        type=common.number(1, kind=int),
-        help="the same as --ranks-per-node, in torchrun's words (its --nproc-per-node)",
+    common.add_procs_per_node(
+        p, "the same as --ranks-per-node, in torchrun's words (its --nproc-per-node)"
     )
     p.add_argument(
         "--launcher",
