@@ -7,31 +7,18 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from lab.engine.specs import LABEL
 from lab.experiments.compress.plan import QUICK
-from tests.helpers import leftovers
+from tests.docker.lab_run import PNG, run_lab
 
 pytestmark = pytest.mark.docker
-ROOT = Path(__file__).resolve().parents[2]
-PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.timeout(900)
 def test_compress_quick_end_to_end(client, tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "lab", "compress", "--quick", "--runs-dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=840,
-    )  # fmt: skip
-    out = proc.stdout
-    assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{proc.stderr}"
-    run_id = re.search(r"^run (\S+):", out, re.M).group(1)
-    assert leftovers(client, f"{LABEL}={run_id}") == []
+    out, run_id = run_lab(client, ["compress", "--quick", "--runs-dir", str(tmp_path)], 840)
     assert f"labelled lab.run={run_id}" in out
     assert re.search(rf"^progress: step {QUICK.steps}/{QUICK.steps}", out, re.M), out
     assert "crossover (speedup vs none, Mbit/s):" in out

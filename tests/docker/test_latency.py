@@ -9,31 +9,23 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from ddp.program.records import load_run
 from lab.engine.specs import LABEL
+from tests.docker.lab_run import PNG, ROOT, run_lab
 from tests.helpers import leftovers
 
 pytestmark = pytest.mark.docker
-ROOT = Path(__file__).resolve().parents[2]
-PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.timeout(900)
 def test_latency_small_sweep_end_to_end(client, tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "lab", "latency", "--ms", "5", "--caps", "0,1", "--steps", "5",
-         "--rounds", "1", "--run-timeout", "200", "--collective-timeout", "60",
-         "--runs-dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=860,
-    )  # fmt: skip
-    out = proc.stdout
-    assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{proc.stderr}"
-    run_id = re.search(r"^run (\S+):", out, re.M).group(1)
-    assert leftovers(client, f"{LABEL}={run_id}") == []
+    out, run_id = run_lab(client, [
+        "latency", "--ms", "5", "--caps", "0,1", "--steps", "5", "--rounds", "1", "--run-timeout",
+        "200", "--collective-timeout", "60", "--runs-dir", str(tmp_path)
+    ], 860)  # fmt: skip
     assert f"labelled lab.run={run_id}" in out  # the cluster said what it removed
 
     # The link was verified before anything was measured: asked vs measured round trip.

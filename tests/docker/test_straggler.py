@@ -7,32 +7,21 @@ from __future__ import annotations
 import csv
 import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from ddp.program.records import load_run
-from lab.engine.specs import LABEL
-from tests.helpers import leftovers
+from tests.docker.lab_run import PNG, run_lab
 
 pytestmark = pytest.mark.docker
-ROOT = Path(__file__).resolve().parents[2]
-PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.timeout(600)
 def test_straggler_quick_end_to_end(client, tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "lab", "straggler", "--quick", "--rank", "2", "--slowdown", "8",
-         "--run-timeout", "240", "--runs-dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=560,
-    )  # fmt: skip
-    out = proc.stdout
-    assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{proc.stderr}"
-    run_id = re.search(r"^run (\S+):", out, re.M).group(1)
-    assert leftovers(client, f"{LABEL}={run_id}") == []
+    out, run_id = run_lab(client, [
+        "straggler", "--quick", "--rank", "2", "--slowdown", "8", "--run-timeout", "240",
+        "--runs-dir", str(tmp_path)
+    ], 560)  # fmt: skip
     assert f"labelled lab.run={run_id}" in out
     assert "node2: CPU quota 0.0625 cores" in out
     assert re.search(r"^progress: step 8/8", out, re.M), out
@@ -68,15 +57,10 @@ def test_straggler_quick_end_to_end(client, tmp_path):
 
 @pytest.mark.timeout(600)
 def test_a_slow_link_is_shaped_only_into_the_straggler_and_verified(client, tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "lab", "straggler", "--quick", "--rank", "3", "--slow-link-ms",
-         "10", "--batch-size", "256", "--run-timeout", "240", "--runs-dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=560,
-    )  # fmt: skip
-    out = proc.stdout
-    assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{proc.stderr}"
-    run_id = re.search(r"^run (\S+):", out, re.M).group(1)
-    assert leftovers(client, f"{LABEL}={run_id}") == []
+    out, run_id = run_lab(client, [
+        "straggler", "--quick", "--rank", "3", "--slow-link-ms", "10", "--batch-size", "256",
+        "--run-timeout", "240", "--runs-dir", str(tmp_path)
+    ], 560)  # fmt: skip
     assert "CPU quota" not in out  # a slow link alone
     # Verified from the straggler's node before the slowed job ran (within 20%, + the bridge).
     m = re.search(r"asked node3 10 ms, others 0 ms one-way \(round trip node3-node0 \+10 ms\); "

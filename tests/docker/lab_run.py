@@ -1,0 +1,31 @@
+"""The Docker tier's sweeps run ``python -m lab ...`` to its end the same way: exit 0, the run's
+id from its first line, and nothing labelled with it left behind."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from lab.engine.specs import LABEL
+from tests.helpers import leftovers
+
+__all__ = ["PNG", "ROOT", "run_lab"]
+
+ROOT = Path(__file__).resolve().parents[2]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def run_lab(client: Any, args: list[str], timeout: float) -> tuple[str, str]:
+    """``python -m lab ARGS``, asserted to exit 0 and leave nothing behind; (stdout, run id)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "lab", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    out = proc.stdout
+    assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{proc.stderr}"
+    run_id = re.search(r"^run (\S+):", out, re.M).group(1)
+    assert leftovers(client, f"{LABEL}={run_id}") == []
+    return out, run_id
