@@ -1,0 +1,69 @@
+"""The auto bucket cap's cost model against synthetic links: it must pick what the model says,
+and the model must say what the lab measured (a latency-bound link wants few calls, a
+bandwidth-bound link with gradients spread over backward wants buckets that start early)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp.wrapper.auto_cap import LinkModel, choose_cap, fit_link, predict
+
+KB = 1024
+MB = 1024 * KB
+
+
+def _backward(n: int, nbytes: int, seconds: float) -> list[tuple[float, int]]:
+    """``n`` gradients of ``nbytes`` each, ready evenly over ``seconds`` of backward."""
+    return [((i + 1) * seconds / n, nbytes) for i in range(n)]
+
+
+def test_fit_recovers_latency_and_bandwidth():
+    link = LinkModel(latency_s=0.010, bytes_per_s=2.5e6)
+    samples = [(n, link.seconds(n)) for n in (4 * KB, 64 * KB, 1 * MB, 4 * MB) for _ in range(3)]
+    fitted = fit_link(samples)
+    assert fitted.latency_s == pytest.approx(0.010, rel=1e-6)
+    assert fitted.bytes_per_s == pytest.approx(2.5e6, rel=1e-6)
+
+
+def test_fit_needs_two_sizes_and_clamps_noise():
+    with pytest.raises(ValueError, match="two sizes"):
+        fit_link([(1024, 0.1), (1024, 0.2)])
+    noisy = fit_link([(1 * KB, 0.020), (1 * MB, 0.010)])  # slope < 0: clamped, not negative
+    assert noisy.latency_s >= 0 and noisy.bytes_per_s > 0
+
+
+def test_latency_bound_link_picks_one_big_bucket():
+    # 80 gradients of 14 KB on a 10 ms, 10 GB/s link: each call is all latency
+    ready = _backward(80, 14 * KB, 0.4)
+    choice = choose_cap(ready, LinkModel(0.010, 1e10))
+    assert choice.cap_mb >= 1.0
+    assert choice.predicted_s[0.0] >= 80 * 0.010  # per-parameter queues 80 calls
+
+
+def test_bandwidth_bound_link_with_spread_backward_picks_small_buckets():
+    # 1.1 MB over a 20 Mbit/s link (0.45 s) ready over 0.4 s of backward: overlap pays, and
+    # one 25 MB bucket would start only when backward ends
+    ready = _backward(80, 14 * KB, 0.4)
+    link = LinkModel(0.0005, 20e6 / 8)
+    choice = choose_cap(ready, link)
+    assert choice.cap_mb < 1.0
+    assert choice.predicted_s[choice.cap_mb] < choice.predicted_s[25.0]
+
+
+def test_mixed_link_lands_between_the_extremes():
+    ready = _backward(80, 14 * KB, 0.4)
+    choice = choose_cap(ready, LinkModel(0.005, 20e6 / 8))
+    assert 0.0 < choice.cap_mb < 25.0
+    # what the model says is what it picks: no candidate predicts more than 1% less
+    best = min(choice.predicted_s.values())
+    assert choice.predicted_s[choice.cap_mb] <= best * 1.01
+
+
+def test_predict_serialises_buckets_and_waits_for_readiness():
+    link = LinkModel(1.0, 1e12)
+    # two gradients ready at 0 and 5 s; one bucket each: the second starts at 5 s, not at 1 s
+    assert predict([(0.0, 10), (5.0, 10)], link, 0.0) == pytest.approx(6.0)
+    # one bucket for both: it starts when the later one is ready
+    assert predict([(0.0, 10), (5.0, 10)], link, 25.0) == pytest.approx(6.0)
+    assert predict([(0.0, 10), (0.5, 10)], link, 0.0) == pytest.approx(2.0)
+    assert predict([(0.0, 10), (0.5, 10)], link, 25.0) == pytest.approx(1.5)
