@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["dist_autograd_context", "reached_params"]
+__all__ = ["dist_autograd_context", "reached_params", "unreached"]
 
 
 def _tensors_in(obj: Any) -> Iterator[torch.Tensor]:
@@ -43,6 +43,13 @@ def reached_params(outputs: Any) -> set[torch.Tensor]:
             reached.add(var)
         stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
     return reached
+
+
+def unreached(outputs: Any, index: dict[torch.Tensor, int]) -> list[int]:
+    """The indices (``index[param]``) of the parameters ``outputs`` do not reach: those that
+    will get no gradient from this forward's backward."""
+    reached = reached_params(outputs)
+    return [i for p, i in index.items() if p not in reached]
 
 
 def dist_autograd_context() -> int | None:

@@ -1,15 +1,22 @@
 """Collective helpers the wrapper needs besides gradient allreduce: coalesced broadcast of
-parameters and buffers, and a cheap check that every rank built the same model."""
+parameters and buffers, a cheap check that every rank built the same model, and the flight
+recorder's record of each (when the wrapper has one)."""
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
-__all__ = ["broadcast_coalesced", "verify_same_shapes"]
+if TYPE_CHECKING:
+    from ddp.wrapper.reducer_support import Recorder
+
+__all__ = ["broadcast_coalesced", "recorded", "sync_replicas", "verify_same_shapes"]
 
 # Broadcasting a model tensor by tensor pays the collective latency floor once per tensor; one
 # flat buffer per dtype pays it once. The chunk cap bounds the temporary memory.
@@ -72,3 +79,27 @@ def verify_same_shapes(
             f"{len(named)} parameters/buffers with signature {sig:#x}, but the group spans "
             f"[{lo:#x}, {hi:#x}]. Build the same module (same config and code) on every rank."
         )
+
+
+def recorded(recorder: Recorder | None, op: str, step: int) -> contextlib.AbstractContextManager:
+    """The flight recorder's record of one blocking collective, or nothing without a recorder."""
+    if recorder is None:
+        return contextlib.nullcontext()
+    return recorder.record(op, step=step)
+
+
+def sync_replicas(
+    module: nn.Module,
+    buffers: Sequence[torch.Tensor],
+    process_group: dist.ProcessGroup | None,
+    recorder: Recorder | None,
+) -> None:
+    """At construction: check that every rank built the same model, then make every replica
+    start from rank 0's parameters (frozen ones included) and ``buffers``."""
+    with recorded(recorder, "verify_shapes", step=-1):
+        verify_same_shapes(
+            list(module.named_parameters()) + list(module.named_buffers()), process_group
+        )
+    # Not on the hot path: one coalesced broadcast per dtype.
+    with recorded(recorder, "broadcast", step=-1):
+        broadcast_coalesced(list(module.parameters()) + list(buffers), process_group)

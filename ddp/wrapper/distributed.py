@@ -1,48 +1,42 @@
-"""``DistributedDataParallel``: a drop-in for ``torch.nn.parallel.DistributedDataParallel``.
+"""``DistributedDataParallel``: a drop-in for ``torch.nn.parallel.DistributedDataParallel``
+(data parallelism in three moves: see ``ddp.wrapper``).
 
-Data parallelism in three moves: every replica starts from rank 0's weights (broadcast at
-construction), every rank runs forward/backward on its own shard, and before the optimizer
-steps every gradient is replaced by its mean over ranks (the reducer, during backward). Since
-all ranks then apply the same update to the same weights, the replicas stay identical, and the
-result equals one process training on the concatenated global batch.
-
-The rest of torch's API lives beside it: ``ddp.wrapper.ddp_api`` (comm hooks, join, static graph,
-logging data, pickling), ``ddp.wrapper.join``, ``ddp.wrapper.torch_args``.
+The class holds torch's whole API; the longer work behind its methods is in plain functions
+beside it (``torch_args``, ``comm``, ``reducer_setup``, ``join``, ``static_graph``).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.join import Join, Joinable
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
-from ddp.wrapper.buckets import torch_caps, torch_initial_plan
-from ddp.wrapper.comm import broadcast_coalesced, verify_same_shapes
-from ddp.wrapper.ddp_api import DDPApiMixin, dist_autograd_context, reached_params
-from ddp.wrapper.join import agree_on_forward, sync_buffers_from
-from ddp.wrapper.reducer import Reducer
+from ddp.wrapper.autograd_graph import dist_autograd_context, unreached
+from ddp.wrapper.buckets import torch_caps
+from ddp.wrapper.comm import recorded, sync_replicas
+from ddp.wrapper.grad_bucket import check_hook_annotations
+from ddp.wrapper.join import DDPJoinHook, before_forward, final_state, ranks_training
+from ddp.wrapper.reducer_setup import build_reducer, picklable_state
 from ddp.wrapper.reducer_support import Recorder
 from ddp.wrapper.sink import hook_outputs
-from ddp.wrapper.sparse import SparseGrads, split_sparse
-from ddp.wrapper.torch_args import check_cpu_args, refuse_unsupported
+from ddp.wrapper.static_graph import may_set_static_graph, warn_find_unused_with_static_graph
+from ddp.wrapper.torch_args import buffer_sync, check_arguments
 
 __all__ = ["DistributedDataParallel"]
 
 
-class DistributedDataParallel(DDPApiMixin, nn.Module, Joinable):
+class DistributedDataParallel(nn.Module, Joinable):
     """Wrap ``module`` so that ``loss.backward()`` leaves the across-rank mean in every ``.grad``.
 
-    Takes torch's arguments, in torch's order. Implemented: ``broadcast_buffers``,
-    ``init_sync``, ``process_group``, ``bucket_cap_mb``, ``find_unused_parameters``,
-    ``gradient_as_bucket_view``, ``static_graph``, ``forward_sync_buffers``; accepted as the
-    no-ops they are on CPU: ``device_ids=None``, ``output_device=None``, ``dim``,
-    ``check_reduction``, ``batched_grad_copy`` (gradients are always copied in one batch); any
-    other torch argument with a non-default value is refused, naming it (``torch_args``).
+    Takes torch's arguments, in torch's order. ``device_ids=None``, ``output_device=None``,
+    ``dim``, ``check_reduction`` and ``batched_grad_copy`` are accepted as the no-ops they are on
+    CPU; any other torch argument not listed below is refused unless left at its default, naming
+    it (``torch_args``).
 
     Args:
         module: any ``nn.Module`` with at least one parameter that requires grad; the same
@@ -54,23 +48,20 @@ class DistributedDataParallel(DDPApiMixin, nn.Module, Joinable):
         process_group: the group to average over (``None``: the default group).
         bucket_cap_mb: bucket size cap (default None: 25, with a 1 MB first bucket). Larger
             buckets mean fewer allreduce calls (each pays a latency floor); smaller ones start
-            communicating earlier. ``0``: one allreduce per parameter tensor, the naive
-            baseline. As in torch, the first iteration runs with one bucket (unless
-            ``find_unused_parameters``) and the buckets are rebuilt by these caps in the order
-            gradients arrived (``ddp.wrapper.bucket_rebuild``).
+            communicating earlier; ``0``: one allreduce per parameter tensor. As in torch, the
+            first iteration runs with one bucket (unless ``find_unused_parameters``), then the
+            buckets are rebuilt in the order gradients arrived (``bucket_rebuild``).
         find_unused_parameters: walk the autograd graph after each forward to find parameters
-            this rank did not use; they contribute zeros. Costs a graph walk per forward.
-        gradient_as_bucket_view: make ``.grad`` a view into the flat buckets, saving one
-            gradient-sized copy and its memory.
-        static_graph: the graph is the same every iteration (see ``ddp.wrapper.static_graph``).
+            this rank did not use; they contribute zeros.
+        gradient_as_bucket_view: make ``.grad`` a view into the flat buckets (one copy less).
+        static_graph: the graph is the same every iteration (see ``static_graph``).
         forward_sync_buffers: torch 2.13's successor of ``broadcast_buffers`` for the forward
             broadcast only (buffers are then always synced at construction).
-        overlap: start each bucket's allreduce as soon as it fills, during backward; with
-            ``False`` every bucket is reduced after backward (to measure what overlap buys).
-            Not part of torch's API.
-        flight_recorder: optional ``ddp.flight.recorder.FlightRecorder`` that sees every
-            collective the wrapper issues, so a hang can be traced to the rank that never
-            arrived; not part of torch's API. Set ``.reducer.step`` to label records by step.
+        overlap (not torch's): start each bucket's allreduce as soon as it fills, during
+            backward; ``False`` reduces every bucket after backward (to measure overlap).
+        flight_recorder (not torch's): a ``ddp.flight.recorder.FlightRecorder`` that sees every
+            collective, so a hang can be traced to the rank that never arrived. Set
+            ``.reducer.step`` to label records by step.
     """
 
     def __init__(
@@ -96,59 +87,29 @@ class DistributedDataParallel(DDPApiMixin, nn.Module, Joinable):
     ) -> None:
         super().__init__()
         Joinable.__init__(self)
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError(
-                "DistributedDataParallel needs an initialized process group: call "
-                "torch.distributed.init_process_group('gloo', ...) first (or launch with "
-                "python -m ddp / torchrun)."
-            )
-        if not isinstance(module, nn.Module):
-            raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
-        if bucket_cap_mb is not None and not bucket_cap_mb >= 0:  # also rejects NaN
-            raise ValueError(f"bucket_cap_mb must be >= 0, got {bucket_cap_mb}")
-        refuse_unsupported(torch_only)
-        if not any(p.requires_grad for p in module.parameters()):
-            raise RuntimeError(
-                "DistributedDataParallel is not needed when a module doesn't have any parameter "
-                "that requires a gradient."
-            )
-        check_cpu_args(list(module.parameters()), device_ids, output_device, check_reduction)
-        self.module = module
+        check_arguments(
+            module, bucket_cap_mb, torch_only, device_ids, output_device, check_reduction
+        )
+        self.module, self.process_group = module, process_group
         self.device_ids, self.output_device, self.dim = None, None, dim
         self.device = next(p for p in module.parameters() if p.requires_grad).device
-        self.process_group = process_group
         self.bucket_cap_mb = 25.0 if bucket_cap_mb is None else bucket_cap_mb
         self._bucket_caps = torch_caps(bucket_cap_mb)
         self._static_at_init = static_graph
         self.find_unused_parameters = find_unused_parameters
-        # torch 2.13: broadcast_buffers (default True) governs construction and forward;
-        # forward_sync_buffers, when given, governs the forward and construction always syncs.
-        broadcast = True if broadcast_buffers is None else broadcast_buffers
-        if forward_sync_buffers is None:
-            self.forward_sync_buffers, init_sync_buffers = broadcast, broadcast
-        else:
-            self.forward_sync_buffers, init_sync_buffers = forward_sync_buffers, True
+        self.forward_sync_buffers, init_sync_buffers = buffer_sync(
+            broadcast_buffers, forward_sync_buffers
+        )
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.require_backward_grad_sync = True
-        self.overlap = overlap
-        self.static_graph = False
+        self.overlap, self.static_graph = overlap, False
         self._divide_by_initial_world_size = True
         self._comm_hooks: list[tuple[Any, object]] = []
-
         self.flight_recorder = flight_recorder
         self._buffers_to_sync = list(module.buffers())
         if init_sync:
-            with self._recorded("verify_shapes", step=-1):
-                verify_same_shapes(
-                    list(module.named_parameters()) + list(module.named_buffers()), process_group
-                )
-            # Not on the hot path: one coalesced broadcast per dtype makes every replica start
-            # from rank 0's weights, frozen parameters included.
-            states = list(module.parameters())
-            if init_sync_buffers:
-                states += self._buffers_to_sync
-            with self._recorded("broadcast", step=-1):
-                broadcast_coalesced(states, process_group)
+            buffers = self._buffers_to_sync if init_sync_buffers else []
+            sync_replicas(module, buffers, process_group, flight_recorder)
         self._build_reducer()
         if static_graph:
             self._set_static_graph()
@@ -163,70 +124,39 @@ class DistributedDataParallel(DDPApiMixin, nn.Module, Joinable):
         self.forward_sync_buffers = value
 
     def _build_reducer(self) -> None:
-        """The reducer and its hooks: at construction, and again after unpickling."""
-        named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
-        every = [p for _, p in named]
-        # Sparse-gradient parameters stay out of the dense buckets (ddp.wrapper.sparse).
-        named, sparse = split_sparse(self.module, named)
-        params = [p for _, p in named]
-        one_bucket = self._static_at_init or not self.find_unused_parameters
-        plan = torch_initial_plan(params, self._bucket_caps, one_bucket=one_bucket)
-        self._param_index = {p: i for i, p in enumerate(params)}
-        sparse_grads = SparseGrads(
-            [p for _, p in sparse], [n for n, _ in sparse], self.process_group, len(plan)
-        )
-        self.reducer = Reducer(
-            params,
-            [n for n, _ in named],
-            plan,
+        """The reducer, its hooks and the logging data: at construction and after unpickling."""
+        self.reducer, self._param_index, self._logging = build_reducer(
+            self.module,
             self.process_group,
-            caps=self._bucket_caps,
+            self._bucket_caps,
+            one_bucket=self._static_at_init or not self.find_unused_parameters,
+            bucket_cap_mb=self.bucket_cap_mb,
+            broadcast_buffers=self.forward_sync_buffers,
             overlap=self.overlap,
             gradient_as_bucket_view=self.gradient_as_bucket_view,
             find_unused_parameters=self.find_unused_parameters,
             recorder=self.flight_recorder,
-            sparse=sparse_grads,
         )
-        self._init_logging(every, params)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        grad = torch.is_grad_enabled()
+        sync = grad and self.require_backward_grad_sync
         if sync:
             self._logging.on_forward(self.reducer)
         # Only training forwards sync buffers: an eval pass that only rank 0 runs must not
         # start a collective the other ranks never join.
-        bcast = bool(
-            self.forward_sync_buffers
-            and self._buffers_to_sync
-            and self.training
-            and torch.is_grad_enabled()
-        )
-        work = None
-        if self._join_config.enable:
-            work = Join.notify_join_context(self)
-            _, _, src = agree_on_forward(
-                self, sync_backward=sync, broadcast_buffers=bcast, joined=False
-            )
-            if bcast:
-                sync_buffers_from(self, src)
-        elif bcast:
-            sync_buffers_from(self, 0)
+        bcast = bool(self.forward_sync_buffers and self._buffers_to_sync and self.training and grad)
+        group, buffers = self.process_group, self._buffers_to_sync
+        notify = before_forward(self, group, self.reducer, buffers, sync=sync, bcast=bcast)
         if sync:
             self._rebuild_buckets()
         out = self.module(*args, **kwargs)
         if sync:
-            unused: list[int] = []
-            if self.find_unused_parameters and not self.static_graph:
-                reached = reached_params(out)
-                unused = [i for p, i in self._param_index.items() if p not in reached]
-            active = None
-            if work is not None:
-                # Join's notify: an allreduce of 1 per rank still training (Work.result() is
-                # deprecated; the future carries the same tensor).
-                active = round(work.get_future().wait()[0].item())
+            walk = self.find_unused_parameters and not self.static_graph
+            unused = unreached(out, self._param_index) if walk else []
             self.reducer.prepare_for_backward(
                 unused,
-                active_ranks=active,
+                active_ranks=ranks_training(notify),
                 divide_by_initial_world_size=self._divide_by_initial_world_size,
                 dist_autograd_context=dist_autograd_context(),
             )
@@ -235,24 +165,122 @@ class DistributedDataParallel(DDPApiMixin, nn.Module, Joinable):
             hook_outputs(out, self.reducer.output_hook)
         return out
 
-    def _recorded(self, op: str, step: int) -> contextlib.AbstractContextManager:
-        if self.flight_recorder is None:
-            return contextlib.nullcontext()
-        return self.flight_recorder.record(op, step=step)
-
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Accumulate gradients locally (no communication) for the backwards run inside.
-
-        Gradient accumulation over K micro-batches needs one allreduce, not K: run K-1 of them
-        under ``no_sync()`` and the last outside it, which reduces the accumulated sum.
-        """
+        """Accumulate gradients locally (no communication) for the backwards run inside: of K
+        micro-batches, run K-1 under ``no_sync()`` and the last outside it, which reduces the
+        accumulated sum (one allreduce, not K)."""
         previous = self.require_backward_grad_sync
         self.require_backward_grad_sync = False
         try:
             yield
         finally:
             self.require_backward_grad_sync = previous
+
+    def register_comm_hook(self, state: object, hook: Callable) -> None:
+        """Let ``hook(state, bucket)`` communicate each gradient bucket instead of the built-in
+        averaging allreduce (torch's contract), for compression (fp16, bf16, PowerSGD) and other
+        aggregation schemes without touching the reducer. ``bucket.buffer()`` holds this rank's
+        *unaveraged* gradients (``grad_bucket``); the hook returns a ``torch.futures.Future`` of
+        the bucket's new contents. Once, and not between a forward and its backward."""
+        if not callable(hook):
+            raise TypeError("Communication hook must be callable.")
+        check_hook_annotations(hook)
+        self.reducer.register_comm_hook(state, hook)
+        self._comm_hooks.append((hook, state))
+        self._logging.data["comm_hook"] = getattr(hook, "__qualname__", repr(hook))
+
+    def join(
+        self,
+        divide_by_initial_world_size: bool = True,
+        enable: bool = True,
+        throw_on_early_termination: bool = False,
+    ) -> Join:
+        """Context manager for ranks with different numbers of batches (see ``ddp.wrapper.join``):
+        a rank that runs out shadows the others' collectives until all have joined, then all
+        take the last joiner's model. ``divide_by_initial_world_size=False`` averages over the
+        ranks still training; ``throw_on_early_termination`` raises on every rank instead."""
+        divide = divide_by_initial_world_size
+        return Join([self], enable, throw_on_early_termination, divide_by_initial_world_size=divide)
+
+    def join_hook(self, **kwargs: Any) -> JoinHook:
+        """The ``Joinable`` protocol: the hook ``Join`` runs on this rank once it has joined."""
+        self._divide_by_initial_world_size = kwargs.get("divide_by_initial_world_size", True)
+        self._logging.data["join_uneven_inputs"] = 1
+        return DDPJoinHook(
+            self.reducer,
+            self.process_group,
+            self._buffers_to_sync,
+            rebuild_buckets=self._rebuild_buckets,
+            final_state=lambda: final_state(self.module, self.broadcast_buffers),
+        )
+
+    @property
+    def join_device(self) -> torch.device:
+        return self.device
+
+    @property
+    def join_process_group(self) -> Any:
+        return self.process_group if self.process_group is not None else dist.group.WORLD
+
+    def _set_static_graph(self) -> None:
+        """Declare the graph static (what ``static_graph=True`` does; see ``static_graph``).
+        Only before training starts, as in torch."""
+        started = self._logging.iterations > 0 or self.reducer._expect_backward
+        if not may_set_static_graph(self.static_graph, started, self._logging.log_error):
+            return
+        self.static_graph = True
+        self.reducer.static.enable()
+        self._logging.data["static_graph"] = 1
+        if self.find_unused_parameters:
+            warn_find_unused_with_static_graph()
+
+    def _rebuild_buckets(self) -> bool:
+        """torch's ``reducer._rebuild_buckets()``: once, before a synchronised forward, the
+        buckets are re-planned in the order gradients arrived (see ``bucket_rebuild``)."""
+        if not self.reducer.rebuild_due():
+            return False
+        with recorded(self.flight_recorder, "rebuild_buckets", step=self.reducer.step):
+            self.reducer.rebuild_buckets()
+        self._logging.on_rebuild(self.reducer)
+        return True
+
+    @property
+    def bucket_order(self) -> list[int] | None:
+        """Not torch's API: the parameter order the buckets are (about to be) rebuilt in, for a
+        checkpoint (``bucket_rebuild``); resume with ``restore_bucket_order``."""
+        return self.reducer.bucket_order
+
+    def restore_bucket_order(self, order: list[int]) -> None:
+        """Not torch's API: rebuild the buckets in a checkpoint's ``bucket_order`` before the
+        first forward of a resumed run, so every step has the buckets it had before. Every
+        rank calls it (a broadcast; rank 0's order wins)."""
+        with recorded(self.flight_recorder, "restore_bucket_order", self.reducer.step):
+            self.reducer.restore_bucket_order(order)
+        self._logging.on_rebuild(self.reducer)
+
+    def _get_ddp_logging_data(self) -> dict[str, str | int]:
+        """torch's logging data: settings, bucket sizes, hook, join and sampled timings (ns)."""
+        return dict(self._logging.data)
+
+    def _set_ddp_runtime_logging_sample_rate(self, sample_rate: int) -> None:
+        """Record timings every ``sample_rate`` iterations after the first 10 (default 100)."""
+        self._logging.set_sample_rate(sample_rate)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Rebuilt by __setstate__ (as torch does), so the loaded wrapper averages again.
+        return picklable_state(self.__dict__, self.process_group)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # type: ignore[misc]
+        self.process_group = self.flight_recorder = None
+        hooks, static = self._comm_hooks, self.static_graph
+        self._comm_hooks, self.static_graph = [], False
+        self._build_reducer()
+        if static:
+            self._set_static_graph()
+        for hook, hook_state in hooks:
+            self.register_comm_hook(hook_state, hook)
 
     @property
     def num_buckets(self) -> int:

@@ -11,11 +11,13 @@ hook that compresses or rescales the buffer can never corrupt them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Callable, Sequence
 
 import torch
+import torch.distributed as dist
 
-__all__ = ["GradBucket", "hook_result"]
+__all__ = ["GradBucket", "check_hook_annotations", "hook_result"]
 
 
 class GradBucket:
@@ -89,3 +91,33 @@ def hook_result(value: object, bucket: int, numel: int) -> torch.Tensor:
             f"which holds {numel} gradient elements; return a tensor shaped like bucket.buffer()"
         )
     return value
+
+
+def check_hook_annotations(hook: Callable) -> None:
+    """torch's checks of a hook's annotations, with torch's errors, so a hook that torch's DDP
+    refuses is refused here too (string annotations are compared by name)."""
+    try:
+        sig = inspect.signature(hook)
+    except (TypeError, ValueError):  # builtins without a signature: nothing to check
+        return
+    bucket = sig.parameters.get("bucket")
+    ann = bucket.annotation if bucket is not None else inspect.Parameter.empty
+    if isinstance(ann, str):
+        ok = ann.endswith("GradBucket")
+    else:
+        ok = (
+            ann is inspect.Parameter.empty
+            or ann is dist.GradBucket
+            or (getattr(ann, "__name__", "") == "GradBucket")
+        )
+    if not ok:
+        raise ValueError("Communication hook: bucket annotation should be dist.GradBucket.")
+    ret = sig.return_annotation
+    if isinstance(ret, str):
+        ok = ret.replace(" ", "") in ("torch.futures.Future[torch.Tensor]", "Future[Tensor]")
+    else:
+        ok = ret is inspect.Signature.empty or ret == torch.futures.Future[torch.Tensor]
+    if not ok:
+        raise ValueError(
+            "Communication hook: return annotation should be torch.futures.Future[torch.Tensor]."
+        )

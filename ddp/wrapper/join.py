@@ -17,72 +17,144 @@ of training ranks means "unused everywhere"). When every rank has joined, ``post
 broadcasts the model from the last rank to join, so all replicas end identical.
 ``divide_by_initial_world_size=False`` divides by the number of training ranks instead of the
 world size (the default path only: a comm hook decides its own divisor, as in torch).
+
+Everything here takes the wrapper's parts as arguments (its reducer, group and buffers), so
+this module does not know the wrapper class.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.join import JoinHook
+from torch import nn
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
-from ddp.wrapper.comm import broadcast_coalesced
+from ddp.wrapper.comm import broadcast_coalesced, recorded
+from ddp.wrapper.reducer import Reducer
 
-if TYPE_CHECKING:
-    from ddp.wrapper.distributed import DistributedDataParallel
-
-__all__ = ["DDPJoinHook", "agree_on_forward", "sync_buffers_from"]
+__all__ = [
+    "DDPJoinHook",
+    "agree_on_forward",
+    "before_forward",
+    "final_state",
+    "ranks_training",
+    "sync_buffers_from",
+]
 
 
 def agree_on_forward(
-    ddp: DistributedDataParallel, *, sync_backward: bool, broadcast_buffers: bool, joined: bool
+    process_group: dist.ProcessGroup | None,
+    *,
+    sync_backward: bool,
+    broadcast_buffers: bool,
+    joined: bool,
 ) -> tuple[bool, bool, int]:
     """(any rank syncs gradients, any rank broadcasts buffers, the rank to broadcast from)."""
-    rank = -1 if joined else dist.get_rank(ddp.process_group)
+    rank = -1 if joined else dist.get_rank(process_group)
     t = torch.tensor([int(sync_backward), int(broadcast_buffers), rank], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ddp.process_group)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=process_group)
     sync, bcast, src = t.tolist()
     return bool(sync), bool(bcast), int(src)
 
 
-def sync_buffers_from(ddp: DistributedDataParallel, src: int) -> None:
-    with ddp._recorded("broadcast_buffers", step=ddp.wrapper.reducer.step):
-        broadcast_coalesced(ddp._buffers_to_sync, ddp.process_group, src=src)
+def sync_buffers_from(
+    buffers: Sequence[torch.Tensor],
+    process_group: dist.ProcessGroup | None,
+    src: int,
+    reducer: Reducer,
+) -> None:
+    """Broadcast ``buffers`` from group rank ``src``, recorded under the reducer's step."""
+    with recorded(reducer.recorder, "broadcast_buffers", step=reducer.step):
+        broadcast_coalesced(buffers, process_group, src=src)
+
+
+def before_forward(
+    joinable: Joinable,
+    process_group: dist.ProcessGroup | None,
+    reducer: Reducer,
+    buffers: Sequence[torch.Tensor],
+    *,
+    sync: bool,
+    bcast: bool,
+) -> dist.Work | None:
+    """A training rank's collectives before its module's forward: 1 and 2 above under Join,
+    then the buffer broadcast (``bcast``); ``sync``: this forward's backward syncs gradients.
+    Returns Join's notify (for ``ranks_training``), or None outside Join."""
+    if not joinable._join_config.enable:
+        if bcast:
+            sync_buffers_from(buffers, process_group, 0, reducer)
+        return None
+    work = Join.notify_join_context(joinable)
+    _, _, src = agree_on_forward(
+        process_group, sync_backward=sync, broadcast_buffers=bcast, joined=False
+    )
+    if bcast:
+        sync_buffers_from(buffers, process_group, src, reducer)
+    return work
+
+
+def ranks_training(notify: dist.Work | None) -> int | None:
+    """How many ranks still train under Join (None outside one): Join's notify is an allreduce
+    of 1 per rank still training (Work.result() is deprecated; the future carries the same
+    tensor)."""
+    if notify is None:
+        return None
+    return round(notify.get_future().wait()[0].item())
+
+
+def final_state(module: nn.Module, with_buffers: bool) -> list[torch.Tensor]:
+    """What the last rank to join broadcasts to all: the model, and its buffers if the wrapper
+    broadcasts buffers at all."""
+    tensors = list(module.parameters())
+    if with_buffers:
+        tensors += list(module.buffers())
+    return tensors
 
 
 class DDPJoinHook(JoinHook):
-    """torch's ``_DDPJoinHook`` contract for this wrapper (see the module docstring)."""
+    """torch's ``_DDPJoinHook`` contract for one wrapper (see the module docstring).
 
-    def __init__(self, ddp: DistributedDataParallel, divide_by_initial_world_size: bool) -> None:
+    ``rebuild_buckets``: the wrapper's rebuild, which the training ranks run once before a
+    forward (``bucket_rebuild``); ``final_state``: the tensors the last joiner broadcasts."""
+
+    def __init__(
+        self,
+        reducer: Reducer,
+        process_group: dist.ProcessGroup | None,
+        buffers: Sequence[torch.Tensor],
+        rebuild_buckets: Callable[[], bool],
+        final_state: Callable[[], list[torch.Tensor]],
+    ) -> None:
         super().__init__()
-        self.ddp = ddp
-        ddp._divide_by_initial_world_size = divide_by_initial_world_size
-        ddp._logging.data["join_uneven_inputs"] = 1
+        self.reducer = reducer
+        self.process_group = process_group
+        self.buffers = buffers
+        self.rebuild_buckets = rebuild_buckets
+        self.final_state = final_state
 
     def main_hook(self) -> None:
         """Shadow one training iteration of the ranks that still have inputs."""
-        ddp = self.ddp
         sync, bcast, src = agree_on_forward(
-            ddp, sync_backward=False, broadcast_buffers=False, joined=True
+            self.process_group, sync_backward=False, broadcast_buffers=False, joined=True
         )
         if bcast:
-            sync_buffers_from(ddp, src)
+            sync_buffers_from(self.buffers, self.process_group, src, self.reducer)
         if sync:
-            ddp._rebuild_buckets()  # when the training ranks do (ddp.wrapper.bucket_rebuild)
-            with ddp._recorded("join_shadow_backward", step=ddp.wrapper.reducer.step):
-                ddp.wrapper.reducer.shadow_backward()
+            self.rebuild_buckets()  # when the training ranks do (ddp.wrapper.bucket_rebuild)
+            reducer = self.reducer
+            with recorded(reducer.recorder, "join_shadow_backward", step=reducer.step):
+                reducer.shadow_backward()
 
     def post_hook(self, is_last_joiner: bool) -> None:
         """Every rank takes the model of (the highest of) the last ranks to join."""
-        ddp = self.ddp
-        rank = dist.get_rank(ddp.process_group) if is_last_joiner else -1
+        group = self.process_group
+        rank = dist.get_rank(group) if is_last_joiner else -1
         t = torch.tensor([rank], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ddp.process_group)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
         src = int(t.item())
         assert src >= 0, "at least one rank is a last joiner"
-        tensors = list(ddp.module.parameters())
-        if ddp.broadcast_buffers:
-            tensors += list(ddp.module.buffers())
-        with ddp._recorded("join_final_sync", step=ddp.wrapper.reducer.step):
-            broadcast_coalesced(tensors, ddp.process_group, src=src)
+        tensors = self.final_state()
+        with recorded(self.reducer.recorder, "join_final_sync", step=self.reducer.step):
+            broadcast_coalesced(tensors, group, src=src)

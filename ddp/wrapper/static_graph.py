@@ -17,7 +17,40 @@ inside a checkpoint's inner backward would queue it on an inner task that ends t
 
 from __future__ import annotations
 
-__all__ = ["StaticGraph"]
+import warnings
+from collections.abc import Callable
+
+__all__ = ["StaticGraph", "may_set_static_graph", "warn_find_unused_with_static_graph"]
+
+
+def may_set_static_graph(
+    already: bool, started: bool, log_error: Callable[[Exception], Exception]
+) -> bool:
+    """torch's rules for ``_set_static_graph()``, with torch's messages: once (a second call
+    warns and does nothing), and only before training starts (``started`` raises, the error
+    kept by ``log_error`` in the logging data)."""
+    if already:
+        warnings.warn("You've set static_graph to be True, no need to set it again.", stacklevel=3)
+        return False
+    if started:
+        raise log_error(
+            RuntimeError(
+                "set_static_graph() should be called before training loop starts and after "
+                "DistributedDataParallel is constructed."
+            )
+        )
+    return True
+
+
+def warn_find_unused_with_static_graph() -> None:
+    """torch's warning: a static graph finds the unused parameters by itself."""
+    warnings.warn(
+        "You passed find_unused_parameters=true to DistributedDataParallel, "
+        "`_set_static_graph` will detect unused parameters automatically, so you do not "
+        "need to set find_unused_parameters=true, just be sure these unused parameters "
+        "will not change during training loop while calling `_set_static_graph`.",
+        stacklevel=3,
+    )
 
 
 class StaticGraph:

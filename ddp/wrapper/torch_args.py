@@ -14,8 +14,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
-__all__ = ["UNSUPPORTED_DEFAULTS", "check_cpu_args", "refuse_unsupported"]
+__all__ = ["UNSUPPORTED_DEFAULTS", "buffer_sync", "check_arguments", "refuse_unsupported"]
 
 # torch argument -> the default under which it does nothing (only those may be passed)
 UNSUPPORTED_DEFAULTS: dict[str, Any] = {
@@ -45,7 +47,48 @@ def refuse_unsupported(given: dict[str, Any]) -> None:
             )
 
 
-def check_cpu_args(
+def check_arguments(
+    module: nn.Module,
+    bucket_cap_mb: float | None,
+    torch_only: dict[str, Any],
+    device_ids: Sequence[Any] | None,
+    output_device: Any,
+    check_reduction: bool,
+) -> None:
+    """Every check ``DistributedDataParallel.__init__`` makes before it touches the group, in
+    torch's order, so the same mistake raises the same error as with torch's DDP."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "DistributedDataParallel needs an initialized process group: call "
+            "torch.distributed.init_process_group('gloo', ...) first (or launch with "
+            "python -m ddp / torchrun)."
+        )
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+    if bucket_cap_mb is not None and not bucket_cap_mb >= 0:  # also rejects NaN
+        raise ValueError(f"bucket_cap_mb must be >= 0, got {bucket_cap_mb}")
+    refuse_unsupported(torch_only)
+    if not any(p.requires_grad for p in module.parameters()):
+        raise RuntimeError(
+            "DistributedDataParallel is not needed when a module doesn't have any parameter "
+            "that requires a gradient."
+        )
+    _check_cpu_args(list(module.parameters()), device_ids, output_device, check_reduction)
+
+
+def buffer_sync(
+    broadcast_buffers: bool | None, forward_sync_buffers: bool | None
+) -> tuple[bool, bool]:
+    """(sync buffers in training forwards, sync them at construction), by torch 2.13's rule:
+    ``broadcast_buffers`` (default True) governs both; ``forward_sync_buffers``, when given,
+    governs the forward, and construction always syncs."""
+    broadcast = True if broadcast_buffers is None else broadcast_buffers
+    if forward_sync_buffers is None:
+        return broadcast, broadcast
+    return forward_sync_buffers, True
+
+
+def _check_cpu_args(
     params: Sequence[torch.Tensor],
     device_ids: Sequence[Any] | None,
     output_device: Any,
@@ -72,5 +115,5 @@ def check_cpu_args(
             "The `check_reduction` argument in `DistributedDataParallel` module is deprecated. "
             "Please avoid using it.",
             FutureWarning,
-            stacklevel=3,
+            stacklevel=4,
         )

@@ -43,7 +43,7 @@ def _compare(rdzv: Rendezvous, uneven: bool, sparse: bool) -> str:
             inputs = [(torch.randint(0, 10, (10,)), torch.tensor([0, 4])) for _ in range(n)]
         else:
             inputs = [(torch.rand(3, 2),) for _ in range(n)]
-        with ddp.wrapper.join(uneven):
+        with ddp.join(uneven):
             for i, x in enumerate(inputs):
                 with dist_autograd.context() as context_id:
                     dist_autograd.backward(context_id, [ddp(*x).norm()])
