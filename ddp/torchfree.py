@@ -15,6 +15,7 @@ from ddp.flight.dumps import load_dumps
 from ddp.flight.gloo_errors import error_meaning, strip_source
 from ddp.program.config import (
     COMM_HOOKS,
+    COMPRESSION_HOOKS,
     GROUPS,
     POWERSGD_RANK,
     POWERSGD_START_ITER,
@@ -40,6 +41,7 @@ from ddp.program.records import (
 
 __all__ = [
     "COMM_HOOKS",
+    "COMPRESSION_HOOKS",
     "GROUPS",
     "POWERSGD_RANK",
     "POWERSGD_START_ITER",

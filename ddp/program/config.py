@@ -17,10 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddp.wrapper.hook_names import COMM_HOOKS, POWERSGD_RANK, POWERSGD_START_ITER
+from ddp.wrapper.hook_names import (
+    COMM_HOOKS,
+    COMPRESSION_HOOKS,
+    POWERSGD_RANK,
+    POWERSGD_START_ITER,
+)
 
 __all__ = [
     "COMM_HOOKS",
+    "COMPRESSION_HOOKS",
     "GROUPS",
     "MODEL_NAMES",
     "POWERSGD_RANK",
@@ -65,8 +71,10 @@ class TrainConfig:
     )
     comm_hook: str = _opt(
         "none",
-        "gradient compression by torch's comm hooks: fp16/bf16 halve the bytes, powersgd sends "
-        "a rank-1 approximation; the parity table then shows what compression costs",
+        "communication hook: fp16/bf16 halve the bytes, powersgd sends a rank-1 approximation "
+        "(torch's hooks; the parity table then shows what compression costs); hierarchical "
+        "averages within each node, then across nodes (a node: DDP_NODE or the host name), "
+        "hierarchical-fp16 compresses only the cross-node leg",
         choices=COMM_HOOKS,
     )
     tolerance: float = _opt(1e-5, "largest |param diff| vs the single-process reference")

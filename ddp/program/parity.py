@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddp.program.records import StepRecord, load_run
+from ddp.wrapper.hook_names import EXACT_HOOKS
 
 __all__ = ["ParityReport", "StepRow", "check_logs", "compression_of"]
 
@@ -170,6 +171,7 @@ def check_logs(log_dir: Path) -> ParityReport:
 
 
 def compression_of(config: dict) -> str | None:
-    """The compressing comm hook a run's config names, or None (``none`` compresses nothing)."""
+    """The compressing comm hook a run's config names, or None for an exact one (``none``,
+    ``hierarchical``: only the order of float sums differs, so parity is judged)."""
     hook = config.get("comm_hook", "none")
-    return None if hook == "none" else hook
+    return None if hook in EXACT_HOOKS else hook

@@ -1,4 +1,4 @@
-"""Communication hooks by name, for the command line's ``--comm-hook none|fp16|bf16|powersgd``.
+"""Communication hooks by name, for the command line's ``--comm-hook``.
 
 The hooks are torch's own (``torch.distributed.algorithms.ddp_comm_hooks``), registered through
 ``DistributedDataParallel.register_comm_hook``, so they work on this wrapper and on torch's
@@ -11,6 +11,8 @@ alike:
 * ``powersgd``: ``powerSGD_hook`` with rank-1 approximation, error feedback and warm start,
   compressing from iteration ``POWERSGD_START_ITER`` (2: steps 1 and 2 run a plain
   allreduce; torch requires > 1 with error feedback or warm start).
+* ``hierarchical`` and ``hierarchical-fp16``: ours, the two-level allreduce of
+  :mod:`ddp.wrapper.hierarchical` (exact, or fp16 on the cross-node leg only).
 """
 
 # No ``from __future__ import annotations``: torch's register_comm_hook compares the hook's
@@ -22,6 +24,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
+from ddp.wrapper.hierarchical import register_hierarchical
 from ddp.wrapper.hook_names import COMM_HOOKS, POWERSGD_RANK, POWERSGD_START_ITER
 
 __all__ = ["COMM_HOOKS", "gloo_bf16_compress_hook", "register_named_hook"]
@@ -72,8 +75,9 @@ def register_named_hook(
     """Register the communication hook called ``name`` (one of ``COMM_HOOKS``) on ``model``,
     a ``ddp.DistributedDataParallel`` or torch's. Returns the state passed to the hook:
     PowerSGD's ``PowerSGDState`` (its compression statistics, error feedback), else
-    ``process_group``. ``"none"`` registers nothing and leaves the built-in averaging
-    allreduce in place. Call it once, before training."""
+    ``process_group``; the hierarchical hooks' ``HierarchicalState``, or ``process_group``
+    where the topology is flat and they register nothing. ``"none"`` registers nothing and
+    leaves the built-in averaging allreduce in place. Call it once, before training."""
     if name not in COMM_HOOKS:
         raise ValueError(f"unknown communication hook {name!r}; choose one of {COMM_HOOKS}")
     if name == "none":
@@ -84,6 +88,10 @@ def register_named_hook(
     if name == "bf16":
         model.register_comm_hook(process_group, gloo_bf16_compress_hook)
         return process_group
+    if name in ("hierarchical", "hierarchical-fp16"):
+        dtype = torch.float16 if name == "hierarchical-fp16" else None
+        state = register_hierarchical(model, process_group, cross_dtype=dtype)
+        return process_group if state is None else state
     state = powersgd.PowerSGDState(
         process_group=process_group,
         matrix_approximation_rank=matrix_approximation_rank,

@@ -8,9 +8,22 @@ program.
 
 from __future__ import annotations
 
-__all__ = ["COMM_HOOKS", "POWERSGD_RANK", "POWERSGD_START_ITER"]
+__all__ = [
+    "COMM_HOOKS",
+    "COMPRESSION_HOOKS",
+    "EXACT_HOOKS",
+    "POWERSGD_RANK",
+    "POWERSGD_START_ITER",
+    "TOPOLOGY_HOOKS",
+]
 
-COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+# torch's hooks: the same allreduce, fewer bytes (``lab compress`` sweeps these)
+COMPRESSION_HOOKS = ("none", "fp16", "bf16", "powersgd")
+# the two-level allreduce (ddp.wrapper.hierarchical): within each node, across, within again
+TOPOLOGY_HOOKS = ("hierarchical", "hierarchical-fp16")
+COMM_HOOKS = COMPRESSION_HOOKS + TOPOLOGY_HOOKS
+# hooks whose average is exact up to the order of float sums: parity is judged, not priced
+EXACT_HOOKS = ("none", "hierarchical")
 # PowerSGD runs a plain allreduce for its first iterations (torch's start_powerSGD_iter) and
 # compresses from step POWERSGD_START_ITER + 1 on; measurements of it must skip those steps.
 POWERSGD_START_ITER = 2

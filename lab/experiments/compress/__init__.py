@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from ddp.torchfree import COMM_HOOKS, POWERSGD_START_ITER, config_from_args
+from ddp.torchfree import COMPRESSION_HOOKS, POWERSGD_START_ITER, config_from_args
 from lab import args as common
 from lab.experiments.compress.outputs import write_outputs
 from lab.experiments.compress.plan import QUICK, TRAIN_DEFAULTS, CompressPlan
@@ -83,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--comm-hooks", type=_hooks, metavar="H[,H...]",
         help=f"comm hooks to compare, comma-separated, none among them (default "
-        f"{','.join(COMM_HOOKS)}; --quick {','.join(QUICK.hooks)})",
+        f"{','.join(COMPRESSION_HOOKS)}; --quick {','.join(QUICK.hooks)})",
     )  # fmt: skip
     p.add_argument("--ms", type=common.number(0), default=0.0,
                    help="one-way delay per packet on top of the cap (default 0)")  # fmt: skip

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddp.torchfree import COMM_HOOKS, POWERSGD_START_ITER, TrainConfig
+from ddp.torchfree import COMPRESSION_HOOKS, POWERSGD_START_ITER, TrainConfig
 from lab.args import check_finite, check_job, check_warmup
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE
@@ -32,7 +32,7 @@ BASELINE = "none"  # the uncompressed allreduce every hook is compared with
 # Mbit/s, each node's egress (tbf). The bridge itself carries ~9 Gbit/s here: 5000 is still a
 # real cap, and the rate above which halving the bytes no longer pays on this host.
 DEFAULT_RATES = (20.0, 100.0, 1000.0, 5000.0)
-DEFAULT_HOOKS = COMM_HOOKS
+DEFAULT_HOOKS = COMPRESSION_HOOKS
 # The deep MLP: 668,424 float32 parameters = 2.67 MB of gradient per step in 24 tensors, 22 of
 # them 256 x 256 matrices (what PowerSGD compresses). At 20 Mbit/s a ring allreduce of that
 # over 4 ranks (each sends 1.5 x 2.67 MB) takes ~1.6 s: communication dominates the ~10 ms of
@@ -98,10 +98,10 @@ class CompressPlan:
             check_finite("--rate-mbit", rate, 0.0, strict=True)
         if len(set(self.rates)) != len(self.rates):
             raise ValueError(f"--rate-mbit values repeat: {list(self.rates)}; give each once")
-        unknown = [h for h in self.hooks if h not in COMM_HOOKS]
+        unknown = [h for h in self.hooks if h not in COMPRESSION_HOOKS]
         if unknown or not self.hooks:
             raise ValueError(
-                f"--comm-hooks must name some of {','.join(COMM_HOOKS)}, got "
+                f"--comm-hooks must name some of {','.join(COMPRESSION_HOOKS)}, got "
                 f"{','.join(self.hooks) or 'nothing'}"
             )
         if len(set(self.hooks)) != len(self.hooks):
