@@ -28,7 +28,7 @@ PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 MIN_COMMANDS = 60
 MIN_LINKS = 40
 
-_PROGRAM = re.compile(r"(?:\bpython3? -m|\btorchrun\b[^`]*?\s-m)\s+(ddp\.bench|ddp|lab)(?=\s|$)")
+_PROGRAM = re.compile(r"(?:\bpython3?\s+-m|\btorchrun\b[^`]*?\s-m)\s+(ddp\.bench|ddp|lab)(?=\s|$)")
 _STOP = {"&&", "||", ";", "|", "&", ")", "("}
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _INLINE = re.compile(r"(`+)(.+?)\1", re.S)
@@ -121,7 +121,7 @@ def _commands_in(text: str, where: str, inline: bool) -> list[Command]:
                 argv.append(token)
         except ValueError as e:  # an unbalanced quote
             argv = [f"<unparsable: {e}>"]
-        written = f"{m.group(0)} {' '.join(argv)}".strip()
+        written = " ".join([*m.group(0).split(), *argv])
         found.append(Command(where, m.group(1), tuple(argv), written, inline))
     return found
 
