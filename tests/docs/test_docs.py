@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 
 # At least this many of each, so that an extraction that silently finds nothing fails.
-MIN_COMMANDS = 60
-MIN_LINKS = 40
+MIN_COMMANDS = 100
+MIN_LINKS = 60
 
 _PROGRAM = re.compile(r"(?:\bpython3?\s+-m|\btorchrun\b[^`]*?\s-m)\s+(ddp\.bench|ddp|lab)(?=\s|$)")
 _STOP = {"&&", "||", ";", "|", "&", ")", "("}
