@@ -63,7 +63,7 @@ _WORKLOAD = (
     "filling after 1/6 of backward; cap 25 (torch's default) gives one bucket, which overlap "
     "cannot help. The console prints, per bucket, the compute that filled it and its allreduce "
     "time. Four ranks on two cores (--nodes 4) starve communication during backward and "
-    "overlap then gains ~1.0-1.1x: README, 'Why this default'."
+    "overlap then gains ~1.0-1.1x: docs/experiments/latency.md, 'Why this default'."
 )
 
 EPILOG = "\n".join(

@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 # The default workload is chosen so that both bucketing and overlap pay with real CPU compute
-# (README, "Why this default"). Overlap hides an allreduce only behind the backward that runs
+# (docs/experiments/latency.md, "Why this default"). Overlap hides an allreduce only behind the backward that runs
 # after its bucket filled, and never the last bucket's, so backward must last about as long as
 # the communication, and the communication must be bandwidth-bound and serial (a rate cap), or
 # the no-overlap side merges everything into one latency-bound allreduce and loses nothing.
