@@ -14,7 +14,7 @@ import tarfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker.errors
 from docker.models.containers import Container
@@ -23,7 +23,7 @@ import docker
 from ddp.torchfree import TrainConfig
 from lab.engine.client import GONE, LabError, require_image
 from lab.engine.events import Event
-from lab.engine.job import Job
+from lab.engine.job import Job, JobOptions
 from lab.engine.layout import Layout
 from lab.engine.specs import (
     DEFAULT_IMAGE,
@@ -36,6 +36,9 @@ from lab.engine.specs import (
     volume_spec,
 )
 from lab.engine.training import TORCHRUN_ENV, Torchrun, train_argvs
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["Cluster", "NodeHandle", "down"]
 
@@ -121,17 +124,14 @@ class Cluster:
         name: str,
         argvs: dict[int, list[str]],
         timeout_s: float,
-        *,
-        env: dict[str, str] | None = None,
-        echo: Callable[[Event], None] | None = None,
-        per_node: bool = False,
+        **options: Unpack[JobOptions],
     ) -> Job:
         """Start ``argvs`` (rank -> argv; node -> argv with ``per_node``) as job ``name``; its
         directory is made first."""
         if any(j.name == name for j in self.jobs):
             raise ValueError(f"job {name!r} already ran in this cluster; pick another name")
         self.check(0, ["mkdir", "-p", f"{job_dir(name)}/logs"], f"create {job_dir(name)}")
-        job = Job(self, name, argvs, timeout_s, env=env, echo=echo, per_node=per_node)
+        job = Job(self, name, argvs, timeout_s, **options)
         self.jobs.append(job)
         return job.start()
 

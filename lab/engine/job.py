@@ -20,7 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from ddp.torchfree import Record, VerdictRecord
 from lab.engine.client import GONE
@@ -30,9 +30,17 @@ from lab.engine.specs import launcher_argv
 if TYPE_CHECKING:
     from lab.engine.cluster import Cluster
 
-__all__ = ["Job"]
+__all__ = ["Job", "JobOptions"]
 
 _TAIL = 15
+
+
+class JobOptions(TypedDict, total=False):
+    """The keyword options of a job, passed through :meth:`Cluster.job` to :class:`Job`."""
+
+    env: dict[str, str] | None  # extra environment of the launcher and its ranks
+    echo: Callable[[Event], None] | None  # called with every event as it is polled
+    per_node: bool  # one command per node (torchrun) instead of one per rank
 
 
 class Job:
