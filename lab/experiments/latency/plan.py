@@ -33,10 +33,11 @@ __all__ = [
 ]
 
 # The default workload is chosen so that both bucketing and overlap pay with real CPU compute
-# (docs/experiments/latency.md, "Why this default"). Overlap hides an allreduce only behind the backward that runs
-# after its bucket filled, and never the last bucket's, so backward must last about as long as
-# the communication, and the communication must be bandwidth-bound and serial (a rate cap), or
-# the no-overlap side merges everything into one latency-bound allreduce and loses nothing.
+# (docs/experiments/latency.md, "Why this default"). Overlap hides an allreduce only behind
+# the backward that runs after its bucket filled, and never the last bucket's, so backward
+# must last about as long as the communication, and the communication must be bandwidth-bound
+# and serial (a rate cap), or the no-overlap side merges everything into one latency-bound
+# allreduce and loses nothing.
 # Two nodes: on a 2-core host each rank then has a core, and communication is not starved
 # during backward (with four ranks it is). Measured here, quiet host: the tower's backward at a
 # global batch of 2048 takes ~370-430 ms, its 1.1 MB of gradients ~410-480 ms of allreduce at
