@@ -1,5 +1,6 @@
 """The one way multi-rank tests start ranks: real gloo processes, a file:// rendezvous under the
-test's tmp_path, and a hard deadline so a regression fails instead of hanging."""
+test's tmp_path, and a hard deadline so a regression fails instead of hanging. Also the lab's
+shared checks: what a run left behind (``leftovers``) and a usage error's stderr (``cli_error``)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ddp.program.launch import spawn_ranks
 
-__all__ = ["finish", "run_ranks", "train_ranks"]
+__all__ = ["cli_error", "finish", "leftovers", "run_ranks", "train_ranks"]
 
 
 def run_ranks(
@@ -78,3 +81,13 @@ def leftovers(client: Any, label: str) -> list[str]:
         + [n.name for n in client.networks.list(filters=selector)]
         + [v.name for v in client.volumes.list(filters=selector)]
     )
+
+
+def cli_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """``python -m lab *argv``, in this process, must be a usage error (exit 2): its stderr."""
+    from lab.cli import main  # here, not at the top: the ddp tests use this module too
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    return capsys.readouterr().err

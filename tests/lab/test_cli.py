@@ -1,25 +1,17 @@
-"""The lab's command line: built from the registry, every bad input refused before any Docker
-call with exit 2, the subcommand's usage and a message naming the flag."""
+"""The lab's command line: built from the registry, every command documented, every flag with
+its help and default. Its refusals of bad input, command by command: test_cli_refusals.py."""
 
 import argparse
 
-import pytest
-
 from ddp.program.config import TrainConfig
-from lab.cli import build_parser, commands, main
+from lab.cli import build_parser, commands
 from lab.experiments.up import plan as up_plan
 from lab.experiments.up.plan import TOPOLOGIES
-
-
-def _error(argv, capsys) -> str:
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
-    assert exit_.value.code == 2
-    return capsys.readouterr().err
+from tests.helpers import cli_error
 
 
 def test_a_command_is_required(capsys):
-    assert "COMMAND" in _error([], capsys)
+    assert "COMMAND" in cli_error([], capsys)
 
 
 def test_every_command_is_listed_and_documented():
@@ -32,32 +24,6 @@ def test_every_command_is_listed_and_documented():
         text = p.format_help()
         assert p.description and len(p.description) > 40, name
         assert "Exit codes" in text, name
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["up", "--nodes", "0"], "--nodes: expected an integer >= 1, got '0'"),
-        (["up", "--nodes", "3"], "--batch-size 64 is not divisible by the world size 3"),
-        (["up", "--ranks-per-node", "0"], "--ranks-per-node: expected an integer >= 1"),
-        (["up", "--steps", "0"], "--steps must be >= 1, got 0"),
-        (["up", "--bucket-cap-mb", "-2"], "--bucket-cap-mb must be a number >= 0, got -2.0"),
-        (["up", "--bucket-cap-mb", "nan"], "--bucket-cap-mb must be a number >= 0, got nan"),
-        (["up", "--model", "huge"], "invalid choice: 'huge'"),
-        (["up", "--run-timeout", "0"], "--run-timeout: expected a finite number > 0"),
-        (["up", "--collective-timeout", "-1"], "--collective-timeout: expected a finite"),
-        (["up", "--steps", "many"], "invalid int value"),
-        (["up", "--topology", "/nonexistent/t.yaml"], "cannot read topology file"),
-        (["image", "--nope"], "unrecognized arguments: --nope"),
-        (["parity"], "the following arguments are required: run_dir"),
-        (["parity", "/nonexistent"], "/nonexistent not found"),
-    ],
-)
-def test_bad_arguments(argv, message, capsys):
-    err = _error(argv, capsys)
-    assert message in err
-    assert f"usage: python -m lab {argv[0]}" in err  # the subcommand's usage, not the top's
-    assert "Traceback" not in err
 
 
 def _up(argv):

@@ -1,5 +1,5 @@
-"""lab kill's arguments and plan, without Docker: bad input fails before anything starts
-(exit 2, the flag named), and the phases' training configs are what the run needs."""
+"""lab kill's arguments and plan, without Docker: the required flags and the help (bad values:
+test_cli_refusals.py), and the phases' training configs are what the run needs."""
 
 import pytest
 
@@ -8,15 +8,9 @@ from lab.cli import build_parser, main
 from lab.engine.events import LineEvent, RecordEvent
 from lab.experiments.kill import plan as plan_of
 from lab.experiments.kill.plan import DEFAULT_TRAIN, KillPlan, default_run_timeout
+from tests.helpers import cli_error
 
 _VALID = ["kill", "--rank", "2", "--at-step", "5", "--mode", "pause"]
-
-
-def _error(argv, capsys) -> str:
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
-    assert exit_.value.code == 2
-    return capsys.readouterr().err
 
 
 def _plan(*extra: str) -> KillPlan:
@@ -24,32 +18,8 @@ def _plan(*extra: str) -> KillPlan:
     return plan_of(parser.parse_args([*_VALID, *extra]))
 
 
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        (["--rank", "4"], "--rank 4 is out of range: 4 nodes run ranks 0..3"),
-        (["--rank", "-1"], "argument --rank: expected an integer >= 0, got '-1'"),
-        (["--at-step", "13"], "--at-step 13 is outside the run: it trains steps 1..12"),
-        (["--at-step", "0"], "argument --at-step: expected an integer >= 1, got '0'"),
-        (["--mode", "explode"], "argument --mode: invalid choice: 'explode'"),
-        (["--collective-timeout", "0"], "argument --collective-timeout: expected a finite"),
-        (["--run-timeout", "-3"], "argument --run-timeout: expected a finite number > 0"),
-        (["--nodes", "1"], "argument --nodes: expected an integer >= 2, got '1'"),
-        (["--nodes", "3"], "--batch-size 64 is not divisible by the world size 3"),
-        (["--recover", "--checkpoint-every", "0"], "--recover needs checkpoints"),
-        (["--recover", "--checkpoint-every", "5"], "no checkpoint exists before the fault"),
-        (["--step-delay-ms", "-5"], "--step-delay-ms must be a number >= 0"),
-        (["--steps", "x"], "argument --steps: invalid int value: 'x'"),
-        (["--timeout", "30"], "argument --timeout: was renamed: --collective-timeout S is"),
-    ],
-)
-def test_bad_arguments_fail_before_anything_starts(extra, message, capsys):
-    # Later flags win in argparse, so each case overrides one of the valid ones.
-    assert message in _error([*_VALID, *extra], capsys)
-
-
 def test_required_arguments(capsys):
-    assert "--rank, --at-step, --mode" in _error(["kill"], capsys)
+    assert "--rank, --at-step, --mode" in cli_error(["kill"], capsys)
 
 
 def test_help_names_the_modes_and_the_derived_run_timeout(capsys):

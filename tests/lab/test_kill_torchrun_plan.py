@@ -1,15 +1,16 @@
-"""lab kill --launcher torchrun's arguments and plan, without Docker: combinations that make no
-sense are refused before anything starts (exit 2, the flags named), the jobs' training configs
+"""lab kill --launcher torchrun's arguments and plan, without Docker: its flags refused without
+--launcher torchrun (the other refusals: test_cli_refusals.py), the jobs' training configs
 resume by themselves, and the trigger reads the record's rank, not the node's label."""
 
 import pytest
 
 from ddp.program.records import ConfigRecord, StepRecord
-from lab.cli import build_parser, main
+from lab.cli import build_parser
 from lab.engine.events import LineEvent, RecordEvent
 from lab.experiments.kill import plan as plan_of
 from lab.experiments.kill.plan import KillPlan
 from lab.experiments.kill.torchrun_plan import TorchrunKillPlan
+from tests.helpers import cli_error
 
 _VALID = [
     "kill", "--launcher", "torchrun", "--mode", "kill", "--nodes", "2", "--procs-per-node", "2",
@@ -17,43 +18,14 @@ _VALID = [
 ]  # fmt: skip
 
 
-def _error(argv, capsys) -> str:
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
-    assert exit_.value.code == 2
-    return capsys.readouterr().err
-
-
 def _plan(*argv: str):
     parser, _ = build_parser()
     return plan_of(parser.parse_args(list(argv)))
 
 
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        (["--mode", "partition"], "--launcher torchrun supports --mode kill only, got --mode part"),
-        (["--mode", "pause"], "--launcher torchrun supports --mode kill only, got --mode pause"),
-        (["--recover"], "--recover does not go with --launcher torchrun"),
-        (["--max-restarts", "0"], "--max-restarts 0: torchrun would give up at the first failure"),
-        (["--rank", "4"], "--rank 4 is out of range: 2 nodes x 2 workers run ranks 0..3"),
-        (["--at-step", "13"], "--at-step 13 is outside the run: it trains steps 1..12"),
-        (["--checkpoint-every", "0"], "none exists before the fault with --checkpoint-every 0"),
-        (["--checkpoint-every", "5"], "pass 1 <= --checkpoint-every < 5 or a later --at-step"),
-        (["--at-step", "1", "--checkpoint-every", "1"], "pass 1 <= --checkpoint-every < 1 or a"),
-        (["--procs-per-node", "3"], "--batch-size 64 is not divisible by the world size 6"),
-        (["--procs-per-node", "0"], "argument --procs-per-node: expected an integer >= 1"),
-        (["--launcher", "mpirun"], "argument --launcher: invalid choice: 'mpirun'"),
-        (["--run-timeout", "0"], "argument --run-timeout: expected a finite number > 0"),
-    ],
-)
-def test_combinations_that_make_no_sense_are_refused(extra, message, capsys):
-    assert message in _error([*_VALID, *extra], capsys)
-
-
 @pytest.mark.parametrize("flag", [["--procs-per-node", "2"], ["--max-restarts", "1"]])
 def test_torchrun_flags_without_torchrun_are_refused(flag, capsys):
-    err = _error(["kill", "--rank", "1", "--at-step", "5", "--mode", "kill", *flag], capsys)
+    err = cli_error(["kill", "--rank", "1", "--at-step", "5", "--mode", "kill", *flag], capsys)
     assert f"{flag[0]} goes with --launcher torchrun" in err
 
 

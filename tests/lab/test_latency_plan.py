@@ -1,5 +1,6 @@
 """``python -m lab latency`` before any container: the sweep's plan (configurations, their
-training configs, job names), and every argument error, refused with exit 2."""
+training configs, job names), and every bad value the plan refuses (the command line's
+refusals: test_cli_refusals.py)."""
 
 from __future__ import annotations
 
@@ -76,32 +77,6 @@ def test_job_names_are_unique_per_delay_configuration_and_round():
 def test_plan_names_the_bad_value(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         LatencyPlan(**kwargs)
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--caps", "0,x"], "expected comma-separated numbers"),
-        (["--ms", "-2"], "argument --ms: expected a finite number >= 0"),
-        (["--steps", "2"], "--steps must exceed the 2 warm-up steps"),
-        (["--timeline-cap", "3"], "--timeline-cap 3 is not one of --caps"),
-        (["--shaper", "tc"], "invalid choice"),
-        (["--model", "huge"], "invalid choice"),
-        (["--rate-mbit", "-1"], "argument --rate-mbit: expected a finite number >= 0"),
-        (["--cpus", "0"], "argument --cpus: expected a finite number > 0"),
-        (["--rounds", "0"], "argument --rounds: expected an integer >= 1"),
-        (["--nodes", "1"], "argument --nodes: expected an integer >= 2"),
-        (["--run-timeout", "0"], "argument --run-timeout: expected a finite number > 0"),
-        (["--collective-timeout", "300"], "--collective-timeout 300 must be below --run-timeout"),
-        (["--run-timeout", "30"], "lower --collective-timeout or raise --run-timeout"),
-    ],
-)
-def test_cli_rejects_bad_arguments_before_any_docker_call(argv, message, capsys):
-    with pytest.raises(SystemExit) as exc:
-        cli.main(["latency", *argv])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert message in err and "usage: python -m lab latency" in err
 
 
 def test_cli_defaults_flags_and_help(capsys):
