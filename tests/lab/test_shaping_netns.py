@@ -228,28 +228,38 @@ def _links(ns: str) -> list[str]:
     return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines()]
 
 
-@pytest.mark.timeout(120)
-def test_shaped_applies_verifies_and_undoes(netns, monkeypatch):
+@pytest.fixture
+def nodes(netns, monkeypatch) -> Iterator[list[base.Node]]:
+    """Both namespaces as the nodes of ``link.shaped``; the files it leaves in /tmp (the nodes'
+    logs: in a container they stay for diagnosis) are removed afterwards."""
     monkeypatch.setenv("PYTHONPATH", str(REPO))
-    nodes = []
+    found = []
     for ns, addr in zip(netns, ADDR, strict=True):
         dev = next(d for d in _links(ns) if d.startswith("lsh"))
-        nodes.append(
+        found.append(
             base.Node(ns, lambda argv, ns=ns: _sh(["ip", "netns", "exec", ns, *argv]), addr, dev)
         )
     try:
-        with link.shaped(nodes, 5.0, "auto", python=sys.executable, max_seconds=60) as report:
-            rules = [_sh(["ip", "netns", "exec", ns, "iptables", "-S", "INPUT"])[1] for ns in netns]
-        leftovers = [p.name for p in Path("/tmp").glob(f"lab-shaping-{netns[0][:-1]}*.pid*")]
+        yield found
     finally:
         for path in Path("/tmp").glob(f"lab-shaping-{netns[0][:-1]}*"):
-            path.unlink()  # the nodes' logs: in a container they stay for diagnosis
+            path.unlink()
+
+
+def _input_rules(netns) -> list[str]:
+    return [_sh(["ip", "netns", "exec", ns, "iptables", "-S", "INPUT"])[1] for ns in netns]
+
+
+@pytest.mark.timeout(120)
+def test_shaped_applies_verifies_and_undoes(netns, nodes):
+    with link.shaped(nodes, 5.0, "auto", python=sys.executable, max_seconds=60) as report:
+        rules = _input_rules(netns)
+    leftovers = [p.name for p in Path("/tmp").glob(f"lab-shaping-{netns[0][:-1]}*.pid*")]
     print("\n" + report.line())
     assert report.baseline["p50_ms"] < report.measured["p50_ms"]
     if report.shaper == "nfqueue":
         assert all("NFQUEUE" in r for r in rules), rules
-    for ns in netns:
-        _, out = _sh(["ip", "netns", "exec", ns, "iptables", "-S", "INPUT"])
+    for out in _input_rules(netns):
         assert "NFQUEUE" not in out, out
     assert not leftovers, f"delayer pidfiles left behind: {leftovers}"
     serve = ["-m", "lab.node.probe", "serve", "--port", str(PORT), "--duration", "30"]
@@ -259,23 +269,12 @@ def test_shaped_applies_verifies_and_undoes(netns, monkeypatch):
 
 
 @pytest.mark.timeout(120)
-def test_a_per_node_delay_slows_only_that_nodes_link(netns, monkeypatch):
+def test_a_per_node_delay_slows_only_that_nodes_link(netns, nodes):
     # An asymmetric link: only namespace b delays what it receives (10 ms); a's INPUT stays
     # untouched, and the probe from b to a sees +10 ms, not +20.
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
-    nodes = []
-    for ns, addr in zip(netns, ADDR, strict=True):
-        dev = next(d for d in _links(ns) if d.startswith("lsh"))
-        nodes.append(
-            base.Node(ns, lambda argv, ns=ns: _sh(["ip", "netns", "exec", ns, *argv]), addr, dev)
-        )
-    try:
-        with link.shaped(nodes, 0.0, "auto", python=sys.executable, max_seconds=60,
-                         node_ms={1: DELAY_MS}) as report:  # fmt: skip
-            rules = [_sh(["ip", "netns", "exec", ns, "iptables", "-S", "INPUT"])[1] for ns in netns]
-    finally:
-        for path in Path("/tmp").glob(f"lab-shaping-{netns[0][:-1]}*"):
-            path.unlink()
+    with link.shaped(nodes, 0.0, "auto", python=sys.executable, max_seconds=60,
+                     node_ms={1: DELAY_MS}) as report:  # fmt: skip
+        rules = _input_rules(netns)
     print("\n" + report.line())
     assert report.probed == (1, 0)
     added = report.measured["p50_ms"] - report.baseline["p50_ms"]
