@@ -18,4 +18,5 @@ from __future__ import annotations
 
 __all__ = ["EXPERIMENTS"]
 
-EXPERIMENTS = ("up", "latency", "kill", "straggler", "compress")  # lab.experiments.<name>
+# lab.experiments.<name>
+EXPERIMENTS = ("up", "latency", "kill", "straggler", "compress", "topology")

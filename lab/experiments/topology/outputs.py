@@ -1,0 +1,109 @@
+"""The files of a ``lab topology`` run in ``runs/<run-id>/``: ``topology.txt`` (the table and
+the headline), ``topology.csv``, ``topology.json`` (definitions, settings, the link, rows, every
+job with its measured window), ``topology.png``, and per job ``<job>/eth0-node<N>.txt`` (the
+sampled counters every byte figure comes from). Everything is read from the collected rank logs
+(``ddp.torchfree.load_run``) and the samples."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddp.torchfree import load_run
+from lab.experiments.topology import figures
+from lab.experiments.topology.analysis import (
+    DEFINITIONS,
+    JobFigures,
+    Row,
+    derive_rows,
+    job,
+    make_row,
+)
+from lab.experiments.topology.plan import CONFIGURATIONS
+from lab.experiments.topology.result import ConfigRun, TopologyResult
+from lab.experiments.topology.text import format_table, headline_line
+from lab.experiments.topology.wire import parse_samples
+
+__all__ = ["Outputs", "combine_rounds", "write_outputs"]
+
+
+def _job(result: TopologyResult, run: ConfigRun) -> JobFigures:
+    where = str(result.log_dir(run))
+    samples = {n: parse_samples(text, f"{where} node{n}") for n, text in run.counters.items()}
+    return job(load_run(result.log_dir(run)), samples, result.plan.warmup, where)
+
+
+def combine_rounds(result: TopologyResult) -> tuple[list[Row], dict[str, JobFigures]]:
+    """One row per configuration, in plan order, its steps pooled over its rounds; and every
+    job's figures by job name."""
+    jobs = {run.job: _job(result, run) for run in result.runs}
+    rows = []
+    for conf in CONFIGURATIONS:
+        runs = [run for run in result.runs if run.conf == conf.name]
+        if runs:
+            parity = all(run.parity for run in runs)
+            rows.append(make_row(conf, [jobs[run.job] for run in runs], parity))
+    return derive_rows(rows), jobs
+
+
+def _plain(value: object) -> object:
+    """NaN as null (not measured) in JSON, as an empty cell in CSV."""
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def _write_csv(path: Path, rows: list[Row]) -> None:
+    names = [f.name for f in dataclasses.fields(Row)]
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(names)
+        for r in rows:
+            out.writerow(["" if (v := _plain(getattr(r, n))) is None else v for n in names])
+
+
+def _job_doc(run: ConfigRun, figures_: JobFigures) -> dict:
+    window = figures_.window
+    return {
+        "job": run.job, "config": run.conf, "round": run.round, "exit_codes": run.codes,
+        "parity": run.parity, "seconds": round(run.seconds, 1), "steps_measured": figures_.steps,
+        "window": None if window is None else dataclasses.asdict(window),
+    }  # fmt: skip
+
+
+@dataclass
+class Outputs:
+    rows: list[Row]
+    files: list[Path]
+
+
+def write_outputs(result: TopologyResult) -> Outputs:
+    """Every file of the run; ValueError if the logs or samples cannot give them."""
+    plan, run_dir = result.plan, result.run_dir
+    rows, jobs = combine_rounds(result)
+    files = [run_dir / f"topology.{ext}" for ext in ("txt", "csv", "png", "json")]
+    table, headline = format_table(rows, plan, result.links), headline_line(rows, plan)
+    files[0].write_text(f"{table}\n{headline}\n")
+    _write_csv(files[1], rows)
+    figures.plot_step_times(files[2], rows, f"{plan.layout.describe()}, {plan.link_text} "
+                            f"between nodes, model {plan.train.model}")  # fmt: skip
+    for run in result.runs:
+        for node, text in run.counters.items():
+            (run_dir / run.job).mkdir(parents=True, exist_ok=True)
+            (run_dir / run.job / f"eth0-node{node}.txt").write_text(text)
+    settings = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}
+    doc = {
+        "run_id": result.run_id,
+        "settings": {**settings, "train": plan.train.to_dict()},
+        "definitions": DEFINITIONS,
+        "links": [dataclasses.asdict(link) for link in result.links],
+        "rows": [{k: _plain(v) for k, v in dataclasses.asdict(r).items()} for r in rows],
+        "headline": headline,
+        "jobs": [_job_doc(run, jobs[run.job]) for run in result.runs],
+        "seconds": round(result.seconds, 1),
+        "files": [f.name for f in files],
+    }
+    files[3].write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return Outputs(rows, files)

@@ -1,0 +1,137 @@
+"""``lab topology``'s report without Docker: the bytes on the link cut to the measured steps
+from sampled counters, the rows and the last line from synthetic rank logs (ddp's own record
+types, :mod:`tests.lab.latency_logs`), and every file (table, CSV, JSON, PNG, samples)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from lab.experiments.reporting import report_sweep
+from lab.experiments.topology import analysis, outputs, wire
+from lab.experiments.topology.plan import CONFIGURATIONS, TopologyPlan
+from lab.experiments.topology.result import ConfigRun, LinkInfo, TopologyResult
+from lab.experiments.topology.text import closing, headline_line
+from tests.lab.latency_logs import write_logs
+
+PNG = b"\x89PNG\r\n\x1a\n"
+# Slowest rank's step ms per configuration, and the bytes per second each node's eth0 sends.
+STEP_MS = {"torch": 100.0, "flat": 103.0, "hierarchical": 45.0, "hierarchical-fp16": 40.0,
+           "auto": 95.0}  # fmt: skip
+TX_PER_S = {"torch": 8e6, "flat": 8e6, "hierarchical": 5e6, "hierarchical-fp16": 2.5e6,
+            "auto": 8e6}  # fmt: skip
+STEPS, WARMUP = 8, 3
+
+
+def _counters(tx_per_s: float, t0: float = 990.0, t1: float = 1020.0) -> str:
+    """A node's samples every 0.5 s: its counters grow linearly (rx at half the rate)."""
+    n = int((t1 - t0) / 0.5) + 1
+    lines = [f"{t0 + i * 0.5:.4f} {int(tx_per_s * i * 0.5)} {int(tx_per_s * i * 0.25)}"
+             for i in range(n)]  # fmt: skip
+    return "\n".join(lines) + "\n1020.4"  # the last line cut by the stop
+
+
+def _result(tmp_path: Path, parity: bool = True) -> TopologyResult:
+    plan = TopologyPlan(rounds=1, warmup=WARMUP, train=TopologyPlan().train.replace(steps=STEPS))
+    result = TopologyResult(plan, "r1", tmp_path / "r1", seconds=42.0)
+    probed = {"measured": {"p50_ms": 10.4}, "baseline": {"p50_ms": 0.05}, "bulk": {}}
+    result.links.append(LinkInfo("nfqueue", "shaper nfqueue: asked 5 ms", "", probed))
+    for conf in CONFIGURATIONS:
+        job = f"{conf.name}-r1"
+        base = STEP_MS[conf.name]
+        write_logs(result.run_dir / job / "logs", world=4, steps=STEPS,
+                   step_ms=lambda rank, step, base=base: base - rank * 0.5)  # fmt: skip
+        ok = parity or conf.name != "hierarchical-fp16"
+        counters = {n: _counters(TX_PER_S[conf.name]) for n in (0, 1)}
+        result.runs.append(ConfigRun(conf.name, 1, job, {r: 0 for r in range(4)}, ok, 9.0,
+                                     counters))  # fmt: skip
+    return result
+
+
+def test_counters_are_interpolated_and_cut_to_a_window():
+    samples = wire.parse_samples("10.0 100 50\n11.0 300 150\ngarbage\n12.0 500 250\n12.", "n0")
+    assert [s.t for s in samples] == [10.0, 11.0, 12.0]
+    assert wire.at(samples, 10.5, "n0") == (200.0, 100.0)
+    w = wire.window_bytes({0: samples, 1: samples}, 10.25, 11.75, "job")
+    assert (w.tx, w.rx) == (600.0, 300.0)
+    with pytest.raises(ValueError, match=r"not at 13\.000"):
+        wire.at(samples, 13.0, "n0")
+    with pytest.raises(ValueError, match="eth0's counters were not sampled"):
+        wire.parse_samples("", "job node1")
+
+
+def test_rows_and_the_last_line(tmp_path):
+    result = _result(tmp_path)
+    rows, jobs = outputs.combine_rounds(result)
+    assert [r.config for r in rows] == [c.name for c in CONFIGURATIONS]
+    by = {r.config: r for r in rows}
+    assert by["torch"].median_step_ms == 100.0 and by["torch"].speedup_vs_torch == 1.0
+    assert by["hierarchical"].speedup_vs_torch == pytest.approx(100 / 45)
+    assert by["flat"].step_time_vs_torch == pytest.approx(1.03)
+    assert by["torch"].steps_measured == STEPS - WARMUP and by["torch"].parity
+    # The window: step 4's start on rank 0 to step 8's end on the last rank to finish it.
+    window = jobs["torch-r1"].window
+    assert window.start == 1004.0
+    assert window.end == pytest.approx(max(1008 + r * 0.002 + (100 - r * 0.5) / 1e3
+                                           for r in range(4)))  # fmt: skip
+    # Both nodes' eth0 sent at 8e6 B/s during it: the bytes per measured step.
+    expected = 2 * 8e6 * (window.end - window.start) / (STEPS - WARMUP) / 1e6
+    assert by["torch"].cross_mb_per_step == pytest.approx(expected)
+    assert window.rx == pytest.approx(window.tx / 2)
+    assert by["hierarchical-fp16"].cross_mb_per_step < by["hierarchical"].cross_mb_per_step
+    assert math.isnan(by["torch"].max_param_diff)  # the synthetic logs carry no reference
+    assert headline_line(rows, result.plan) == (
+        "step time vs torch DDP (2 nodes x 2 ranks, 5 ms): hierarchical 0.45x, "
+        "hierarchical-fp16 0.40x, auto cap 0.95x, flat 1.03x"
+    )
+
+
+def test_rounds_pool_their_steps():
+    conf = CONFIGURATIONS[2]
+    jobs = [analysis.JobFigures([10.0, 12.0, 14.0], 3, None, 2, 1e-7),
+            analysis.JobFigures([20.0, 22.0, 24.0], 3, None, 2, 3e-7)]  # fmt: skip
+    row = analysis.make_row(conf, jobs, True)
+    assert row.median_step_ms == 17.0 and row.round_step_ms == (12.0, 22.0)
+    assert row.steps_measured == 6 and row.max_param_diff == 3e-7 and row.buckets == 2
+    assert math.isnan(row.cross_mb_per_step)  # not sampled
+    # without torch's row nothing is compared, and the last line says so honestly
+    assert math.isnan(analysis.derive_rows([row])[0].speedup_vs_torch)
+
+
+def test_files_and_the_printed_report(tmp_path, capsys):
+    result = _result(tmp_path)
+    assert report_sweep(result, outputs.write_outputs, closing) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith("step time vs torch DDP (2 nodes x 2 ranks, 5 ms): hierarchical")
+    assert out[-2].startswith("took 42 s; wrote ") and "topology.png" in out[-2]
+    assert any(line.startswith("torch DDP (flat ring)") for line in out)
+    assert any("measured on the link, every node's eth0" in line for line in out)
+    run_dir = result.run_dir
+    assert (run_dir / "topology.png").read_bytes()[:8] == PNG
+    with open(run_dir / "topology.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["config"] for r in rows] == [c.name for c in CONFIGURATIONS]
+    assert rows[0]["max_param_diff"] == ""  # NaN: not measured
+    doc = json.loads((run_dir / "topology.json").read_text())
+    assert doc["headline"] == out[-1] and doc["rows"][0]["max_param_diff"] is None
+    assert doc["settings"]["train"]["model"] == "deep" and len(doc["jobs"]) == 5
+    assert doc["jobs"][0]["window"]["start"] == 1004.0
+    assert (run_dir / "topology.txt").read_text().splitlines()[-1] == out[-1]
+    assert (run_dir / "torch-r1" / "eth0-node1.txt").read_text().startswith("990.0000 0 0")
+
+
+def test_broken_parity_exits_1_and_says_where(tmp_path, capsys):
+    assert report_sweep(_result(tmp_path, parity=False), outputs.write_outputs, closing) == 1
+    out = capsys.readouterr().out
+    assert "parity BROKEN in: ours hierarchical-fp16" in out
+
+
+def test_logs_without_samples_around_the_steps_exit_1(tmp_path, capsys):
+    result = _result(tmp_path)
+    result.runs[0].counters = {0: "1.0 0 0\n2.0 10 5\n", 1: "1.0 0 0\n2.0 10 5\n"}
+    assert report_sweep(result, outputs.write_outputs, closing) == 1
+    assert "not at 1004.000" in capsys.readouterr().err
