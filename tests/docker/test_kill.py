@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,23 +24,24 @@ pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _lab_kill(tmp_path, flags: str, timeout=900):
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lab",
-            "kill",
-            "--runs-dir",
-            str(tmp_path),
-            "--no-progress",
-            *flags.split(),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def _argv(tmp_path: Path, flags: str) -> list[str]:
+    """``python -m lab kill --runs-dir TMP_PATH FLAGS`` (split at spaces)."""
+    return [sys.executable, "-m", "lab", "kill", "--runs-dir", str(tmp_path), *flags.split()]
+
+
+@pytest.fixture
+def lab_kill(client, tmp_path) -> Callable[..., tuple[dict, list[str]]]:
+    """``lab kill --rank RANK --at-step AT_STEP --mode MODE FLAGS`` into ``tmp_path``, checked as
+    every run must be (:func:`_check_run`): its report and its output's lines."""
+
+    def run(rank: int, at_step: int, mode: str, flags: str) -> tuple[dict, list[str]]:
+        line = f"--no-progress --rank {rank} --at-step {at_step} --mode {mode} {flags}"
+        result = subprocess.run(
+            _argv(tmp_path, line), cwd=ROOT, capture_output=True, text=True, timeout=900
+        )
+        return _check_run(client, tmp_path, result, rank)
+
+    return run
 
 
 def _run_id(stdout: str) -> str:
@@ -69,11 +71,8 @@ def _check_run(client, tmp_path, result, rank):
 
 
 @pytest.mark.timeout(900)
-def test_kill_is_noticed_at_once_and_diagnosed(client, tmp_path):
-    result = _lab_kill(
-        tmp_path, "--rank 2 --at-step 3 --mode kill --steps 5 --collective-timeout 30"
-    )
-    report, lines = _check_run(client, tmp_path, result, 2)
+def test_kill_is_noticed_at_once_and_diagnosed(lab_kill):
+    report, lines = lab_kill(2, 3, "kill", "--steps 5 --collective-timeout 30")
     assert lines[-1].startswith("diagnosis: rank 2 missing at step 3 (allreduce of bucket 0")
     ranks = {r["rank"]: r for r in report["fault"]["ranks"]}
     assert ranks[2]["exit_code"] == 137 and ranks[2]["role"] == "SIGKILLed by lab"
@@ -86,11 +85,8 @@ def test_kill_is_noticed_at_once_and_diagnosed(client, tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_pause_is_noticed_after_the_collective_timeout(client, tmp_path):
-    result = _lab_kill(
-        tmp_path, "--rank 1 --at-step 2 --mode pause --steps 4 --collective-timeout 10"
-    )
-    report, lines = _check_run(client, tmp_path, result, 1)
+def test_pause_is_noticed_after_the_collective_timeout(lab_kill):
+    report, lines = lab_kill(1, 2, "pause", "--steps 4 --collective-timeout 10")
     assert lines[-1].startswith("diagnosis: rank 1 missing at step 2 (allreduce of bucket 0")
     for row in report["fault"]["ranks"]:
         if row["rank"] != 1:
@@ -101,13 +97,10 @@ def test_pause_is_noticed_after_the_collective_timeout(client, tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_partition_names_the_cut_rank(client, tmp_path):
-    result = _lab_kill(
-        tmp_path,
-        "--rank 3 --at-step 2 --mode partition --steps 4 --collective-timeout 10 "
-        "--step-delay-ms 2000",
+def test_partition_names_the_cut_rank(lab_kill):
+    report, lines = lab_kill(
+        3, 2, "partition", "--steps 4 --collective-timeout 10 --step-delay-ms 2000"
     )
-    report, lines = _check_run(client, tmp_path, result, 3)
     assert lines[-1].startswith("diagnosis: rank 3 cut off from the network at step 2")
     assert "every rank arrived, none completed" in lines[-1]
     assert all(row["exit_code"] == 3 for row in report["fault"]["ranks"])  # the cut rank too
@@ -115,13 +108,10 @@ def test_partition_names_the_cut_rank(client, tmp_path):
 
 
 @pytest.mark.timeout(1200)
-def test_recover_is_bitwise_identical(client, tmp_path):
-    result = _lab_kill(
-        tmp_path,
-        "--rank 1 --at-step 4 --mode kill --recover --steps 6 --checkpoint-every 2 "
-        "--collective-timeout 30",
+def test_recover_is_bitwise_identical(lab_kill, tmp_path):
+    report, lines = lab_kill(
+        1, 4, "kill", "--recover --steps 6 --checkpoint-every 2 --collective-timeout 30"
     )
-    report, lines = _check_run(client, tmp_path, result, 1)
     assert lines[-2].startswith("diagnosis: rank 1 missing at step 4")
     assert lines[-1] == "recovered: final parameters bitwise identical to an uninterrupted run"
     assert report["recovery"]["ok"] and report["recovery"]["resumed_from"] == 2
@@ -135,24 +125,7 @@ def test_recover_is_bitwise_identical(client, tmp_path):
 @pytest.mark.timeout(600)
 def test_ctrl_c_leaves_nothing_behind(client, tmp_path):
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "lab",
-            "kill",
-            "--runs-dir",
-            str(tmp_path),
-            "--rank",
-            "2",
-            "--at-step",
-            "2",
-            "--mode",
-            "pause",
-            "--steps",
-            "4",
-            "--collective-timeout",
-            "120",
-        ],
+        _argv(tmp_path, "--rank 2 --at-step 2 --mode pause --steps 4 --collective-timeout 120"),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
