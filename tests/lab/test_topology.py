@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from lab.cli import build_parser, main
+from lab.cli import build_parser
 from lab.experiments import EXPERIMENTS, topology
 from lab.experiments.topology.plan import (
     CONFIGURATIONS,
@@ -16,6 +16,7 @@ from lab.experiments.topology.plan import (
     TRAIN_DEFAULTS,
     TopologyPlan,
 )
+from tests.helpers import cli_error
 
 
 def _plan(argv: list[str]) -> TopologyPlan:
@@ -107,10 +108,7 @@ def test_ms_zero_with_a_rate_is_a_link():
     ],
 )
 def test_bad_flags_exit_2_before_any_container(argv, message, capsys):
-    with pytest.raises(SystemExit) as e:
-        main(["topology", *argv])
-    assert e.value.code == 2
-    assert message in capsys.readouterr().err
+    assert message in cli_error(["topology", *argv], capsys)
 
 
 def test_help_says_why_and_what_the_last_line_is():
