@@ -17,13 +17,24 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ddp.program.config import MODEL_NAMES
 
-__all__ = ["MODELS", "BranchyMLP", "ConvNet", "DeepMLP", "MiniMLP", "TowerNet", "build_model"]
+__all__ = [
+    "MODELS",
+    "BranchyMLP",
+    "ConvNet",
+    "DeepMLP",
+    "MiniMLP",
+    "TowerNet",
+    "build_model",
+    "simulate_backward_compute",
+]
 
 IN_FEATURES = 32
 NUM_CLASSES = 8
@@ -128,3 +139,23 @@ def build_model(name: str, seed: int) -> nn.Module:
         raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
     torch.manual_seed(seed)
     return MODELS[name]()
+
+
+def simulate_backward_compute(module: nn.Module, total_ms: float) -> None:
+    """Make backward take ``total_ms`` longer, spread evenly over the parameters' gradients.
+
+    A stand-in for accelerator compute, which does not occupy the host's CPU: each gradient
+    hook sleeps (releasing the GIL) before the gradient is accumulated, so buckets still fill
+    one by one during backward and their allreduces can run behind the remaining "compute".
+    On a CPU-only host where 4 ranks share 2 cores, real backward compute competes with gloo
+    and the packet delayer for the same cores, and overlap cannot show.
+    """
+    params = [p for p in module.parameters() if p.requires_grad]
+    each_s = total_ms / 1e3 / max(1, len(params))
+
+    def compute(grad: torch.Tensor) -> torch.Tensor:
+        time.sleep(each_s)
+        return grad
+
+    for p in params:
+        p.register_hook(compute)

@@ -77,49 +77,65 @@ def plan_buckets(
     """
     if cap_bytes < 0:
         raise ValueError(f"cap_bytes must be >= 0, got {cap_bytes}")
-    open_: dict[tuple[torch.dtype, torch.device], list[int]] = {}
-    open_bytes: dict[tuple[torch.dtype, torch.device], int] = {}
-    closed_count: dict[tuple[torch.dtype, torch.device], int] = {}
-    # (position of the bucket's first parameter in the walk, indices)
-    done: list[tuple[int, list[int]]] = []
-    first_pos: dict[tuple[torch.dtype, torch.device], int] = {}
-
-    def close(key: tuple[torch.dtype, torch.device]) -> None:
-        done.append((first_pos[key], open_.pop(key)))
-        open_bytes.pop(key)
-        closed_count[key] = closed_count.get(key, 0) + 1
-
     walk = list(reversed(range(len(params)))) if order is None else list(order)
     if sorted(walk) != list(range(len(params))):
         raise ValueError(f"order must be a permutation of range({len(params)}), got {walk}")
+    filling = _Filling(close_at_cap)
     for pos, i in enumerate(walk):
         p = params[i]
         key = (p.dtype, p.device)
-        size = p.numel() * p.element_size()
         cap = cap_bytes
-        if first_cap_bytes is not None and closed_count.get(key, 0) == 0:
+        if first_cap_bytes is not None and filling.closed.get(key, 0) == 0:
             cap = min(cap, first_cap_bytes)
-        if not close_at_cap and key in open_ and open_bytes[key] + size > cap:
-            close(key)
-        if key not in open_:
-            open_[key], open_bytes[key], first_pos[key] = [], 0, pos
-        open_[key].append(i)
-        open_bytes[key] += size
-        if close_at_cap and open_bytes[key] >= cap:
-            close(key)
-    for key in list(open_):
-        close(key)
+        filling.add(key, pos, i, p.numel() * p.element_size(), cap)
+    return filling.finish(params)
 
-    done.sort(key=lambda item: item[0])
-    return [
-        BucketSpec(
-            indices=tuple(idx),
-            dtype=params[idx[0]].dtype,
-            device=params[idx[0]].device,
-            numel=sum(params[i].numel() for i in idx),
-        )
-        for _, idx in done
-    ]
+
+_Key = tuple[torch.dtype, torch.device]
+
+
+class _Filling:
+    """``plan_buckets``' walk in progress: the open bucket of each (dtype, device), and the
+    buckets closed so far with the position in the walk of their first parameter."""
+
+    def __init__(self, close_at_cap: bool) -> None:
+        self.close_at_cap = close_at_cap
+        self.open: dict[_Key, list[int]] = {}
+        self.open_bytes: dict[_Key, int] = {}
+        self.first_pos: dict[_Key, int] = {}
+        self.closed: dict[_Key, int] = {}  # buckets closed per key (the first has its own cap)
+        self.done: list[tuple[int, list[int]]] = []
+
+    def add(self, key: _Key, pos: int, i: int, size: int, cap: int) -> None:
+        """Put parameter ``i`` (``size`` bytes, at ``pos`` in the walk) in its key's bucket."""
+        if not self.close_at_cap and key in self.open and self.open_bytes[key] + size > cap:
+            self.close(key)
+        if key not in self.open:
+            self.open[key], self.open_bytes[key], self.first_pos[key] = [], 0, pos
+        self.open[key].append(i)
+        self.open_bytes[key] += size
+        if self.close_at_cap and self.open_bytes[key] >= cap:
+            self.close(key)
+
+    def close(self, key: _Key) -> None:
+        self.done.append((self.first_pos[key], self.open.pop(key)))
+        self.open_bytes.pop(key)
+        self.closed[key] = self.closed.get(key, 0) + 1
+
+    def finish(self, params: Sequence[torch.Tensor]) -> list[BucketSpec]:
+        """Close the open buckets; all of them, in the order their first parameter was met."""
+        for key in list(self.open):
+            self.close(key)
+        self.done.sort(key=lambda item: item[0])
+        return [
+            BucketSpec(
+                indices=tuple(idx),
+                dtype=params[idx[0]].dtype,
+                device=params[idx[0]].device,
+                numel=sum(params[i].numel() for i in idx),
+            )
+            for _, idx in self.done
+        ]
 
 
 def torch_caps(bucket_cap_mb: float | None) -> tuple[int, int]:

@@ -1,0 +1,253 @@
+"""One rank's training loop, nanoGPT-style: ``_setup`` builds the run, ``_step`` runs one
+step, ``_verify`` gives the parity verdict every rank exits with.
+
+Per step: the timed part (forward, backward with gradient sync, optimizer step), then an
+untimed part: rank 0 advances the single-process reference on the global batch, and all ranks
+gather (loss, checksum) so rank 0 can check the replicas. That gather also lines the ranks up,
+so the next step's timer starts together everywhere and rank 0's reference work does not show
+up as communication wait on the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ddp.flight.recorder import FlightRecorder
+from ddp.program.config import TrainConfig
+from ddp.program.data import ShardSampler, make_dataset
+from ddp.program.models import build_model, simulate_backward_compute
+from ddp.program.parity import HEADER, ParityReport, StepRow, compression_of
+from ddp.program.records import ConfigRecord, EndRecord, RecordLog, StepRecord, VerdictRecord
+from ddp.program.reference import Reference, checksum, max_param_diff, params_sha256, sgd
+from ddp.program.resume import agreed_start, restore, save
+from ddp.wrapper.comm_hooks import register_named_hook
+from ddp.wrapper.distributed import DistributedDataParallel
+
+__all__ = ["train"]
+
+log = logging.getLogger("ddp")
+
+
+@dataclass
+class _Run:
+    """One rank's run: what ``_setup`` builds and every ``_step`` uses."""
+
+    cfg: TrainConfig
+    rank: int
+    world: int
+    jlog: RecordLog
+    recorder: FlightRecorder
+    x: torch.Tensor  # the whole data set; each step samples this rank's shard of it
+    y: torch.Tensor
+    sampler: ShardSampler
+    module: nn.Module  # the bare model (what the optimizer, reference and checksums see)
+    model: nn.Module  # what forward runs: the wrapper, or the module itself (no --sync allreduce)
+    ddp: DistributedDataParallel | None
+    opt: torch.optim.Optimizer
+    ref: Reference | None  # rank 0's single-process reference on the global batch
+    start: int  # the last step already done (0, or the step a resumed run continues after)
+    rows: list[StepRow] = field(default_factory=list)  # rank 0's parity rows
+
+
+def train(
+    cfg: TrainConfig, rank: int, world: int, jlog: RecordLog, recorder: FlightRecorder
+) -> bool:
+    """Train this rank from its start (step 0, or a checkpoint's) to ``cfg.steps``, writing its
+    records to ``jlog``; returns rank 0's parity verdict, which every rank agrees on."""
+    run = _setup(cfg, rank, world, jlog, recorder)
+    for step in range(run.start + 1, cfg.steps + 1):
+        _step(run, step)
+    return _verify(run)
+
+
+def _setup(
+    cfg: TrainConfig, rank: int, world: int, jlog: RecordLog, recorder: FlightRecorder
+) -> _Run:
+    """Data, model, optimizer, reference, the checkpoint to resume from, the wrapper; then the
+    config record and the run's first log lines."""
+    torch.set_num_threads(1)  # ranks share the host's cores; intra-op threads would fight
+    x, y = make_dataset(cfg.seed)
+    sampler = ShardSampler(len(x), rank, world, cfg.local_batch(world), cfg.seed)
+    module = build_model(cfg.model, cfg.seed)
+    opt = sgd(module, cfg)
+    ref = Reference(cfg, world, len(x)) if rank == 0 and cfg.reference else None
+    resumed = agreed_start(cfg, rank, recorder)
+    bucket_order = None if resumed is None else restore(cfg, resumed, module, opt, ref)
+    if cfg.backward_delay_ms:
+        simulate_backward_compute(module, cfg.backward_delay_ms)
+    model = _wrap(cfg, module, recorder, bucket_order)
+    ddp = model if isinstance(model, DistributedDataParallel) else None
+    run = _Run(
+        cfg, rank, world, jlog, recorder, x, y, sampler, module, model, ddp, opt, ref, resumed or 0
+    )
+    shapes = ddp.bucket_shapes if ddp else None
+    buckets = ddp.num_buckets if ddp else 0
+    jlog.write(ConfigRecord(rank, world, buckets, run.start, cfg.to_dict(), os.getpid(), shapes))
+    log.info(_start_line(cfg, world, ddp))
+    log.info(HEADER)
+    return run
+
+
+def _wrap(
+    cfg: TrainConfig, module: nn.Module, recorder: FlightRecorder, bucket_order: list[int] | None
+) -> nn.Module:
+    """``--sync allreduce``: the wrapper, with its comm hook and a resumed run's bucket order.
+    ``--sync barrier / none``: the module itself (same loop, no gradient averaging)."""
+    if cfg.sync != "allreduce":
+        return module
+    ddp = DistributedDataParallel(
+        module,
+        bucket_cap_mb=cfg.bucket_cap_mb,
+        overlap=cfg.overlap,
+        find_unused_parameters=cfg.model == "branchy",
+        flight_recorder=recorder,
+    )
+    if cfg.comm_hook != "none":
+        register_named_hook(ddp, cfg.comm_hook)
+    if bucket_order is not None:
+        ddp.restore_bucket_order(bucket_order)
+    return ddp
+
+
+def _step(run: _Run, step: int) -> None:
+    """One training step: the timed part (forward, backward with gradient sync, optimizer
+    step), then the untimed part (``_check_step``)."""
+    cfg, opt = run.cfg, run.opt
+    if run.ddp is not None:
+        run.ddp.reducer.step = step
+    idx = run.sampler.indices(step - 1)
+    if run.ref is not None and cfg.comm_hook == "none":
+        run.ref.anchor(run.module, opt)  # judge this step alone (see ddp.program.reference)
+    wall0, t0 = time.time(), time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    loss_t = F.cross_entropy(run.model(run.x[idx]), run.y[idx])
+    if cfg.step_delay_ms:
+        time.sleep(cfg.step_delay_ms / 1e3)
+    t_bw = time.perf_counter()
+    loss_t.backward()
+    comm_s, timeline = _communication(run, step, t0, t_bw)
+    opt.step()
+    step_ms = (time.perf_counter() - t0) * 1e3
+    _check_step(run, step, loss_t.item(), step_ms, comm_s, wall0, timeline)
+
+
+def _communication(run: _Run, step: int, t0: float, t_bw: float) -> tuple[float, dict[str, object]]:
+    """Seconds this step's backward spent blocked on communication, and the wrapper's timeline
+    of it (ms since the step's start: backward, and each bucket's launch and completion)."""
+    if run.ddp is not None:
+        comm_s = run.ddp.last_comm_wait_s
+        tl = run.ddp.reducer.last_timeline
+        return comm_s, {
+            "backward_ms": [(t_bw - t0) * 1e3, (tl["backward_end"] - t0) * 1e3],
+            "buckets_ms": [[(a - t0) * 1e3, (b - t0) * 1e3] for a, b in tl["buckets"]],
+            "num_buckets": run.ddp.num_buckets,
+        }
+    if run.cfg.sync == "barrier":
+        tb = time.perf_counter()
+        with run.recorder.record("barrier", step=step):
+            dist.barrier()
+        return time.perf_counter() - tb, {}
+    return 0.0, {}
+
+
+def _check_step(
+    run: _Run,
+    step: int,
+    loss: float,
+    step_ms: float,
+    comm_s: float,
+    wall0: float,
+    timeline: dict[str, object],
+) -> None:
+    """The untimed part of a step: rank 0 advances the reference on the global batch, every
+    rank writes its step record, and all gather (loss, checksum, times) so rank 0 can compare
+    the replicas, report the step and checkpoint it."""
+    mine_sum = checksum(run.module)
+    extra = {}
+    if run.ref is not None:
+        extra["ref_loss"] = run.ref.step(run.x, run.y, step - 1)
+        extra["ref_checksum"] = checksum(run.ref.model)
+        extra["max_param_diff"] = max_param_diff(run.module, run.ref.model)
+    mine = torch.tensor([loss, mine_sum, step_ms, comm_s * 1e3], dtype=torch.float64)
+    everyone = [torch.empty_like(mine) for _ in range(run.world)]
+    with run.recorder.record("all_gather", step=step, nbytes=mine.numel() * 8 * run.world):
+        dist.all_gather(everyone, mine)
+    run.jlog.write(
+        StepRecord(
+            run.rank, step, loss, mine_sum, step_ms, comm_s * 1e3, wall0, **timeline, **extra
+        )
+    )
+    if run.rank != 0:  # shown only with --log-all-ranks
+        log.info(f"step {step}  loss {loss:.4f}  {step_ms:.1f} ms  comm {comm_s * 1e3:.1f} ms")
+        return
+    g = torch.stack(everyone)
+    row = StepRow(
+        step=step,
+        loss=float(g[:, 0].mean()),
+        checksums=g[:, 1].tolist(),
+        step_ms=float(g[:, 2].max()),
+        comm_ms=float(g[:, 3].max()),
+        **extra,
+    )
+    run.rows.append(row)
+    every = run.cfg.checkpoint_every
+    if every and (step % every == 0 or step == run.cfg.steps):
+        # Before the row: whoever sees step K reported may rely on checkpoint K.
+        order = run.ddp.bucket_order if run.ddp else None
+        save(run.cfg, step, run.module, run.opt, run.ref, order)
+    log.info(row.format())
+
+
+def _verify(run: _Run) -> bool:
+    """Rank 0's parity verdict over the steps run, which every rank then exits with."""
+    cfg, rank = run.cfg, run.rank
+    holds = torch.zeros(1, dtype=torch.int64)
+    if rank == 0:
+        report = ParityReport(
+            run.rows, run.world, cfg.tolerance, expected_steps=cfg.steps - run.start,
+            compression=compression_of(cfg.to_dict()),
+        )  # fmt: skip
+        if cfg.sync == "barrier" and not report.holds:
+            log.info("dist.barrier() lines the ranks up in time but never exchanges gradients:")
+            log.info("each replica followed its own shard's gradients.")
+        log.info(report.verdict)
+        run.jlog.write(VerdictRecord(rank, report.holds, report.verdict))
+        holds[0] = int(report.holds)
+    with run.recorder.record("broadcast", step=cfg.steps):
+        dist.broadcast(holds, group_src=0)  # every rank exits with rank 0's verdict
+    # Tear down only once every rank is done: a rank that destroys its gloo pairs while a
+    # peer's last message is still in flight can abort that peer (seen once in 9 container
+    # runs: "terminate called without an active exception" after the verdict).
+    with run.recorder.record("barrier", step=cfg.steps):
+        dist.barrier()
+    run.jlog.write(EndRecord(rank, bool(holds.item()), params_sha256(run.module)))
+    return bool(holds.item())
+
+
+def _start_line(cfg: TrainConfig, world: int, ddp: DistributedDataParallel | None) -> str:
+    """The run's first log line: world, model, and how gradients are synchronised."""
+    if ddp is None:
+        how = "dist.barrier() only" if cfg.sync == "barrier" else "nothing (local SGD)"
+        return f"{world} ranks, model {cfg.model}, sync by {how}, no allreduce"
+    return (
+        f"{world} ranks, model {cfg.model}, {_buckets_text(ddp)} "
+        f"(cap {cfg.bucket_cap_mb} MB), overlap {'on' if cfg.overlap else 'off'}, "
+        f"global batch {cfg.batch_size}"
+        + (f", comm hook {cfg.comm_hook}" if cfg.comm_hook != "none" else "")
+    )
+
+
+def _buckets_text(ddp: DistributedDataParallel) -> str:
+    n = ddp.num_buckets
+    text = f"{n} bucket{'s' if n != 1 else ''}"
+    if ddp.reducer.rebuild_pending:
+        text += " for step 1, then rebuilt in gradient-ready order"
+    return text
