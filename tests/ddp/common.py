@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ddp import DistributedDataParallel
 from ddp.program.config import Rendezvous
 from tests.helpers import run_ranks
 
@@ -26,6 +27,8 @@ __all__ = [
     "case_tests",
     "run_cases",
     "seeded",
+    "torch_pair",
+    "train_both",
     "train_step",
     "verdicts",
 ]
@@ -54,7 +57,7 @@ def run_cases(rdzv: Rendezvous, module: str, names: list[str]) -> dict[str, str]
     return out
 
 
-def case_tests(module: str, cases: dict, world: int = 2):
+def case_tests(module: str, cases: dict, world: int = 2, timeout_s: float = 200):
     """The module-scoped fixture that runs every case of ``module`` in one spawn of ``world``
     gloo ranks, and the test that reports each case per rank. Assign both at module level:
     ``results, test_case_on_every_rank = case_tests(__name__, CASES)``."""
@@ -62,7 +65,7 @@ def case_tests(module: str, cases: dict, world: int = 2):
     @pytest.fixture(scope="module")
     def results(tmp_path_factory):
         rdzv = tmp_path_factory.mktemp("rdzv")
-        return run_ranks(run_cases, world, rdzv, module, list(cases), timeout_s=200)
+        return run_ranks(run_cases, world, rdzv, module, list(cases), timeout_s=timeout_s)
 
     @pytest.mark.timeout(300)
     @pytest.mark.parametrize("case", list(cases))
@@ -135,6 +138,42 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, x, y) -> None:
     opt.zero_grad(set_to_none=True)
     F.cross_entropy(model(x), y).backward()
     opt.step()
+
+
+def torch_pair(
+    cls, hook=None, ours: dict | None = None, **kwargs
+) -> tuple[DistributedDataParallel, nn.parallel.DistributedDataParallel]:
+    """Ours and torch's DDP, each around its own ``seeded(cls)``, built with the same ``kwargs``
+    (``ours`` overrides some for ours only); a stateless ``hook`` is registered on both."""
+    ours_m, theirs_m = seeded(cls), seeded(cls)
+    mine = DistributedDataParallel(ours_m, **{**kwargs, **(ours or {})})
+    theirs = nn.parallel.DistributedDataParallel(theirs_m, **kwargs)
+    if hook is not None:
+        mine.register_comm_hook(None, hook)
+        theirs.register_comm_hook(None, hook)
+    return mine, theirs
+
+
+def train_both(
+    ours: nn.Module,
+    theirs: nn.Module,
+    rank: int,
+    steps: int,
+    atol: float,
+    momentum: float = 0.9,
+    what: str = "step",
+) -> None:
+    """Train ours and torch's DDP side by side on this rank's batches; after every step their
+    parameters and buffers must agree to ``atol``, and so must which ``.grad`` is None."""
+    opt_o = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=momentum)
+    opt_t = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=momentum)
+    for step, (x, y) in enumerate(batches(rank, steps)):
+        train_step(ours, opt_o, x, y)
+        train_step(theirs, opt_t, x, y)
+        assert_same_params(ours.module, theirs.module, atol, f"{what} {step}")
+        pairs = zip(ours.module.named_parameters(), theirs.module.parameters(), strict=True)
+        for (name, p), q in pairs:
+            assert (p.grad is None) == (q.grad is None), f"{what} {step} {name}: .grad None-ness"
 
 
 def assert_same_params(ours: nn.Module, theirs: nn.Module, atol: float, what: str) -> None:

@@ -14,14 +14,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from ddp import DistributedDataParallel
-from tests.ddp.common import (
-    Deep,
-    assert_same_params,
-    batches,
-    case_tests,
-    seeded,
-    train_step,
-)
+from tests.ddp.common import Deep, batches, case_tests, seeded, torch_pair, train_both, train_step
 
 ATOL = 1e-6
 
@@ -97,22 +90,13 @@ def _pickled(rank: int, world: int) -> None:
     """After torch.save/torch.load the wrapper averages again (its hooks are rebuilt), and a
     registered comm hook comes back with it."""
     for hook in (None, default_hooks.allreduce_hook):
-        ours = DistributedDataParallel(seeded(Deep))
-        theirs = nn.parallel.DistributedDataParallel(seeded(Deep))
-        if hook is not None:
-            ours.register_comm_hook(None, hook)
-            theirs.register_comm_hook(None, hook)
+        ours, theirs = torch_pair(Deep, hook)
         buf = io.BytesIO()
         torch.save(ours, buf)
         buf.seek(0)
         loaded = torch.load(buf, weights_only=False)
         assert ("comm_hook" in loaded._get_ddp_logging_data()) == (hook is not None)
-        opt_o = torch.optim.SGD(loaded.parameters(), lr=0.1)
-        opt_t = torch.optim.SGD(theirs.parameters(), lr=0.1)
-        for step, (x, y) in enumerate(batches(rank, 3)):
-            train_step(loaded, opt_o, x, y)
-            train_step(theirs, opt_t, x, y)
-            assert_same_params(loaded.module, theirs.module, ATOL, f"loaded, step {step}")
+        train_both(loaded, theirs, rank, 3, ATOL, momentum=0.0, what="loaded, step")
 
 
 def _logging_data(rank: int, world: int) -> None:

@@ -8,12 +8,12 @@ import torch
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from ddp import DistributedDataParallel
 from tests.ddp.common import (
     assert_same_params,
     batches,
     case_tests,
-    seeded,
+    torch_pair,
+    train_both,
     train_step,
 )
 
@@ -44,19 +44,9 @@ class Reversed(nn.Module):
 
 def _vs_torch(steps: int = 4, hook=None, **kw):
     def case(rank: int, world: int) -> None:
-        ours_m, theirs_m = seeded(Reversed), seeded(Reversed)
-        ours = DistributedDataParallel(ours_m, bucket_cap_mb=SMALL_CAP_MB, **kw)
-        theirs = nn.parallel.DistributedDataParallel(theirs_m, bucket_cap_mb=SMALL_CAP_MB, **kw)
-        if hook is not None:
-            ours.register_comm_hook(None, hook)
-            theirs.register_comm_hook(None, hook)
+        ours, theirs = torch_pair(Reversed, hook, bucket_cap_mb=SMALL_CAP_MB, **kw)
         initial = ours.reducer.plan
-        opt_o = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
-        opt_t = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
-        for step, (x, y) in enumerate(batches(rank, steps)):
-            train_step(ours, opt_o, x, y)
-            train_step(theirs, opt_t, x, y)
-            assert_same_params(ours_m, theirs_m, ATOL, f"step {step}")
+        train_both(ours, theirs, rank, steps, ATOL)
         ours_data, theirs_data = ours._get_ddp_logging_data(), theirs._get_ddp_logging_data()
         for key in KEYS:
             assert ours_data.get(key) == theirs_data.get(key), key
@@ -74,18 +64,14 @@ def _vs_torch(steps: int = 4, hook=None, **kw):
 def _join_before_rebuild(rank: int, world: int) -> None:
     """Rank 0 runs out after one batch, before the rebuild: its join hook still takes part in
     the rebuild's broadcast and shadows the rebuilt buckets."""
-    ours_m, theirs_m = seeded(Reversed), seeded(Reversed)
-    models = [
-        DistributedDataParallel(ours_m, bucket_cap_mb=SMALL_CAP_MB),
-        nn.parallel.DistributedDataParallel(theirs_m, bucket_cap_mb=SMALL_CAP_MB),
-    ]
-    for model in models:
+    ours, theirs = torch_pair(Reversed, bucket_cap_mb=SMALL_CAP_MB)
+    for model in (ours, theirs):
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         with model.join():
             for x, y in batches(rank, 1 + 3 * rank):
                 train_step(model, opt, x, y)
-    assert_same_params(ours_m, theirs_m, ATOL, f"rank {rank} after join")
-    assert models[0]._get_ddp_logging_data()["has_rebuilt_buckets"] == 1
+    assert_same_params(ours.module, theirs.module, ATOL, f"rank {rank} after join")
+    assert ours._get_ddp_logging_data()["has_rebuilt_buckets"] == 1
 
 
 CASES = {

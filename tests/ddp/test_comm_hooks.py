@@ -16,10 +16,11 @@ from ddp.wrapper.grad_bucket import GradBucket, hook_result
 from tests.ddp.common import (
     Branches,
     Deep,
-    assert_same_params,
     batches,
     case_tests,
     seeded,
+    torch_pair,
+    train_both,
     train_step,
 )
 
@@ -55,43 +56,24 @@ HOOKS = {
 }
 
 
-def _pair(cls, **kwargs):
-    ours_m, theirs_m = seeded(cls), seeded(cls)
-    ours = DistributedDataParallel(ours_m, **kwargs)
-    theirs = nn.parallel.DistributedDataParallel(theirs_m, **kwargs)
-    return ours, theirs
-
-
-def _train_and_compare(ours, theirs, rank: int, steps: int = STEPS) -> None:
-    opt_o = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
-    opt_t = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
-    for step, (x, y) in enumerate(batches(rank, steps)):
-        train_step(ours, opt_o, x, y)
-        train_step(theirs, opt_t, x, y)
-        assert_same_params(ours.module, theirs.module, ATOL, f"step {step}")
-        pairs = zip(ours.module.named_parameters(), theirs.module.parameters(), strict=True)
-        for (name, p), q in pairs:
-            assert (p.grad is None) == (q.grad is None), f"step {step} {name}: .grad None-ness"
-
-
 def _vs_torch(hook: str, cls=Deep, **kwargs):
     def case(rank: int, world: int) -> None:
-        ours, theirs = _pair(cls, **kwargs)
+        ours, theirs = torch_pair(cls, **kwargs)
         ours.register_comm_hook(*HOOKS[hook]())
         theirs.register_comm_hook(*HOOKS[hook]())
-        _train_and_compare(ours, theirs, rank)
+        train_both(ours, theirs, rank, STEPS, ATOL)
 
     return case
 
 
 def _named(name: str, **kwargs):
     def case(rank: int, world: int) -> None:
-        ours, theirs = _pair(Deep, **kwargs)
+        ours, theirs = torch_pair(Deep, **kwargs)
         state = register_named_hook(ours, name)
         register_named_hook(theirs, name)
         assert isinstance(state, powersgd.PowerSGDState) == (name == "powersgd")
         assert ("comm_hook" in ours._get_ddp_logging_data()) == (name != "none")
-        _train_and_compare(ours, theirs, rank)
+        train_both(ours, theirs, rank, STEPS, ATOL)
 
     return case
 
@@ -119,12 +101,12 @@ def _what_hooks_see(rank: int, world: int) -> None:
 
         return hook
 
-    ours, theirs = _pair(Deep)
+    ours, theirs = torch_pair(Deep)
     ours.register_comm_hook(None, spy("ours"))
     theirs.register_comm_hook(None, spy("torch"))
     # torch lays a bucket out in registration order until its first iteration has shown the
     # gradients' ready order, then rebuilds it in that order, which ours uses from the start.
-    _train_and_compare(ours, theirs, rank, steps=3)
+    train_both(ours, theirs, rank, 3, ATOL)
     assert len(seen["ours"]) == len(seen["torch"]) == 3 * ours.num_buckets
     for a, b in zip(seen["ours"][1:], seen["torch"][1:], strict=True):
         assert a[:5] == b[:5]
@@ -220,10 +202,10 @@ def _powersgd_many_buckets(rank: int, world: int) -> None:
     hence PowerSGD's per-bucket state and random start agree, and the
     named hook keeps PowerSGD's chained collectives from interleaving with the next bucket's
     differently on different ranks (gloo would pair mismatched ones and abort)."""
-    ours, theirs = _pair(Deep, bucket_cap_mb=0.002)
+    ours, theirs = torch_pair(Deep, bucket_cap_mb=0.002)
     register_named_hook(ours, "powersgd")
     register_named_hook(theirs, "powersgd")
-    _train_and_compare(ours, theirs, rank)
+    train_both(ours, theirs, rank, STEPS, ATOL)
     assert ours.num_buckets > 2, "rebuilt by the cap after the first iteration"
     ours_data, theirs_data = ours._get_ddp_logging_data(), theirs._get_ddp_logging_data()
     for key in ("bucket_sizes", "rebuilt_bucket_sizes", "rebuilt_per_bucket_param_indices"):

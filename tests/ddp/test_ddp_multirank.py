@@ -10,12 +10,20 @@ from collections.abc import Callable
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from ddp import DistributedDataParallel
-from tests.ddp.common import BatchNormNet, Deep, run_cases, seeded, verdicts
+from tests.ddp.common import (
+    BatchNormNet,
+    Branches,
+    Deep,
+    assert_same_params,
+    case_tests,
+    run_cases,
+    seeded,
+    verdicts,
+)
 from tests.helpers import run_ranks
 
 ATOL = 1e-5
@@ -51,23 +59,6 @@ class _Frozen(_Deep):
             p.requires_grad_(False)
 
 
-class _Branches(nn.Module):
-    """``b`` runs only on even ranks; ``never`` runs nowhere."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Linear(24, 24)
-        self.b = nn.Linear(24, 24)
-        self.never = nn.Linear(24, 24)
-        self.head = nn.Linear(24, 4)
-
-    def forward(self, x):
-        h = torch.relu(self.a(x))
-        if dist.get_rank() % 2 == 0:
-            h = h + torch.relu(self.b(x))
-        return self.head(h)
-
-
 class _MixedDtype(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -97,14 +88,7 @@ def _sgd(m: nn.Module) -> torch.optim.Optimizer:
 
 
 def _assert_params_close(a: nn.Module, b: nn.Module, step: int) -> None:
-    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
-        torch.testing.assert_close(
-            p, q, atol=ATOL, rtol=0, msg=lambda m, n=name: f"step {step} {n}: {m}"
-        )
-    for (name, p), q in zip(a.named_buffers(), b.buffers(), strict=True):
-        torch.testing.assert_close(
-            p, q, atol=ATOL, rtol=0, msg=lambda m, n=name: f"step {step} {n}: {m}"
-        )
+    assert_same_params(a, b, ATOL, f"step {step}")
 
 
 def _vs_torch(cls, find_unused: bool = False, **ours_kwargs) -> Callable[[int, int], None]:
@@ -178,7 +162,7 @@ def _no_sync_accumulation(rank: int, world: int) -> None:
 
 
 def _unused_without_flag_raises(rank: int, world: int) -> None:
-    ddp = DistributedDataParallel(seeded(_Branches))
+    ddp = DistributedDataParallel(seeded(Branches))
     x, y, mine = _data(rank, world)[0]
     with pytest.raises(RuntimeError, match="find_unused_parameters=True") as err:
         F.cross_entropy(ddp(x[mine]), y[mine]).backward()
@@ -245,16 +229,16 @@ def _replicas_start_equal(rank: int, world: int) -> None:
 
 def _four_ranks(rank: int, world: int) -> None:
     _vs_single_process(0.002, True, as_view=False)(rank, world)
-    _vs_torch(_Branches, find_unused=True)(rank, world)
+    _vs_torch(Branches, find_unused=True)(rank, world)
 
 
 CASES = {
     "batchnorm": _vs_torch(BatchNormNet),
     "tied": _vs_torch(_Tied),
     "frozen": _vs_torch(_Frozen, bucket_cap_mb=0.001),
-    "unused_by_rank": _vs_torch(_Branches, find_unused=True, bucket_cap_mb=0.001),
-    "unused_by_rank_no_overlap": _vs_torch(_Branches, find_unused=True, overlap=False),
-    "unused_bucket_view": _vs_torch(_Branches, find_unused=True, gradient_as_bucket_view=True),
+    "unused_by_rank": _vs_torch(Branches, find_unused=True, bucket_cap_mb=0.001),
+    "unused_by_rank_no_overlap": _vs_torch(Branches, find_unused=True, overlap=False),
+    "unused_bucket_view": _vs_torch(Branches, find_unused=True, gradient_as_bucket_view=True),
     "mixed_dtype": _vs_torch(_MixedDtype),
     "bucket_view": _vs_torch(_Deep, bucket_cap_mb=0.002, gradient_as_bucket_view=True),
     "no_sync": _no_sync_accumulation,
@@ -272,16 +256,7 @@ for _cap in (0, 0.002, 25, 1000):
 CASES["single_process_bucket_view"] = _vs_single_process(0.002, True, as_view=True)
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    rdzv = tmp_path_factory.mktemp("rdzv")
-    return run_ranks(run_cases, 2, rdzv, __name__, list(CASES), timeout_s=150)
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", list(CASES))
-def test_case_on_every_rank(results, case):
-    verdicts(results, case)
+results, test_case_on_every_rank = case_tests(__name__, CASES, timeout_s=150)
 
 
 @pytest.mark.timeout(200)

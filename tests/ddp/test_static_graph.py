@@ -12,14 +12,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.utils.checkpoint import checkpoint
 
 from ddp import DistributedDataParallel
-from tests.ddp.common import (
-    Branches,
-    assert_same_params,
-    batches,
-    case_tests,
-    seeded,
-    train_step,
-)
+from tests.ddp.common import Branches, batches, case_tests, seeded, torch_pair, train_both
 
 ATOL = 1e-6
 STEPS = 5
@@ -45,23 +38,12 @@ class _CheckpointTwice(nn.Module):
 
 def _vs_torch(cls, hook=None, set_later: bool = False, **kw):
     def case(rank: int, world: int) -> None:
-        ours_m, theirs_m = seeded(cls), seeded(cls)
-        ours = DistributedDataParallel(ours_m, static_graph=not set_later, **kw)
-        theirs = nn.parallel.DistributedDataParallel(theirs_m, static_graph=True, **kw)
+        assert not (set_later and hook), "a hook would be registered before _set_static_graph"
+        later = {"static_graph": not set_later}
+        ours, theirs = torch_pair(cls, hook, ours=later, static_graph=True, **kw)
         if set_later:
             ours._set_static_graph()
-        if hook is not None:
-            ours.register_comm_hook(None, hook)
-            theirs.register_comm_hook(None, hook)
-        opt_o = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
-        opt_t = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
-        for step, (x, y) in enumerate(batches(rank, STEPS)):
-            train_step(ours, opt_o, x, y)
-            train_step(theirs, opt_t, x, y)
-            assert_same_params(ours_m, theirs_m, ATOL, f"step {step}")
-            pairs = zip(ours_m.named_parameters(), theirs_m.parameters(), strict=True)
-            for (name, p), q in pairs:
-                assert (p.grad is None) == (q.grad is None), f"step {step} {name}: .grad None"
+        train_both(ours, theirs, rank, STEPS, ATOL)
         assert ours._get_ddp_logging_data()["static_graph"] == 1
 
     return case
