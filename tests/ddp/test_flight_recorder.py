@@ -176,7 +176,35 @@ def _wait_for(predicate, timeout_s: float = 5.0) -> bool:
     return predicate()
 
 
-def test_watcher_dumps_on_request(tmp_path):
+class _Polls:
+    """Counts the polls of ``rec``'s watcher (each poll begins with a wait on its stop event), so
+    a test can wait until the watcher has looked at the request file since some moment, and only
+    then check what it did not do: a positive signal instead of a sleep that a slow host could
+    outlast."""
+
+    def __init__(self, rec: FlightRecorder) -> None:
+        self._count = 0
+        self._changed = threading.Condition()
+        stop = rec._watch_stop
+        wait = stop.wait
+
+        def counted(timeout=None):
+            with self._changed:
+                self._count += 1
+                self._changed.notify_all()
+            return wait(timeout)
+
+        stop.wait = counted
+
+    def looked(self, timeout_s: float = 5.0) -> bool:
+        """Wait until one whole poll ran after this call: the wait that ends the poll under way
+        (if any), then a full poll, then the wait after it."""
+        with self._changed:
+            target = self._count + 2
+            return self._changed.wait_for(lambda: self._count >= target, timeout_s)
+
+
+def test_watcher_ignores_earlier_requests_then_dumps_on_request(tmp_path):
     request_dumps(tmp_path, rank=9)  # left over from an earlier run: must be ignored
     rec = FlightRecorder(rank=1, world_size=2)
     rec.start("allreduce", step=3, bucket=0)
@@ -184,22 +212,32 @@ def test_watcher_dumps_on_request(tmp_path):
     try:
         with pytest.raises(RuntimeError, match="already watching"):
             rec.watch(tmp_path)
-        time.sleep(0.2)
+        assert _Polls(rec).looked(), "the watcher never polled"
         assert not dump_path(tmp_path, 1).exists()
         request_dumps(tmp_path, rank=0)
         assert _wait_for(lambda: 1 in load_dumps(tmp_path))
         d = load_dumps(tmp_path)[1]
         assert d["reason"] == "requested" and d["records"][0]["state"] == "started"
-        # After its own timeout/error/exit dump, a rank answers requests no more: the
-        # final dump says more than a requested one.
-        rec.dump(tmp_path, "timeout")
-        request_dumps(tmp_path, rank=0)
-        time.sleep(0.2)
-        assert load_dumps(tmp_path)[1]["reason"] == "timeout"
     finally:
         rec.stop_watching()
     assert not any(t.name.startswith("flight-recorder-watch") for t in threading.enumerate())
     rec.stop_watching()  # idempotent
+
+
+def test_watcher_keeps_a_final_dump(tmp_path):
+    """After its own timeout/error/exit dump, a rank answers requests no more: the final dump
+    says more than a requested one."""
+    rec = FlightRecorder(rank=1, world_size=2)
+    rec.start("allreduce", step=3, bucket=0)
+    rec.watch(tmp_path, poll_s=0.01)
+    try:
+        polls = _Polls(rec)
+        rec.dump(tmp_path, "timeout")
+        request_dumps(tmp_path, rank=0)
+        assert polls.looked(), "the watcher never polled"
+        assert load_dumps(tmp_path)[1]["reason"] == "timeout"
+    finally:
+        rec.stop_watching()
 
 
 def test_concurrent_requests_from_equal_pids_do_not_collide(tmp_path, monkeypatch):
