@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,16 +26,22 @@ from ddp.program.logs import setup_logging
 from ddp.program.outcome import EXIT_CODES, run_guarded
 from ddp.program.rendezvous import check_reachable
 from ddp.program.train import run_rank
+from ddp.report.local import write_local_report
 
 __all__ = ["main"]
 
 log = logging.getLogger("ddp")
 
 
-def _run_local(args: argparse.Namespace, cfg: TrainConfig) -> int:
+def _run_local(args: argparse.Namespace, cfg: TrainConfig, argv: list[str]) -> int:
     out = spawn_local(cfg, args.world_size)
     if out.message:
         print(out.message, file=sys.stderr if out.code >= 2 else sys.stdout)
+    if cfg.log_dir:  # the run's page and scalars, read back from the ranks' logs
+        command = shlex.join(["python", "-m", "ddp", *argv])
+        # To stderr: stdout stays the table, its last line the verdict.
+        for line in write_local_report(Path(cfg.log_dir), command, out.code, out.message):
+            print(line, file=sys.stderr)
     return out.code
 
 
@@ -132,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_reachable(rdzv)
     except ValueError as e:
         p.error(str(e))
-    return _run_one(cfg, rdzv) if rdzv else _run_local(args, cfg)
+    return _run_one(cfg, rdzv) if rdzv else _run_local(args, cfg, argv)
 
 
 if __name__ == "__main__":

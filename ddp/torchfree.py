@@ -2,10 +2,11 @@
 imports from.
 
 The lab builds each rank's command line from ``TrainConfig``, follows the ranks by their typed
-records, judges parity from their logs, and diagnoses a failed collective from the flight
-recorder's dumps; none of that needs torch, and a host that only drives containers starts
-faster without it. ``tests/ddp/test_torchfree.py`` holds this module (and every ddp module the
-lab imports) to that.
+records, judges parity from their logs, diagnoses a failed collective from the flight
+recorder's dumps, and writes each run's results page and TensorBoard scalars; none of that
+needs torch at import (the scalars import it only when written), and a host that only drives
+containers starts faster without it. ``tests/ddp/test_torchfree.py`` holds this module (and
+every ddp module the lab imports) to that.
 """
 
 from __future__ import annotations
@@ -38,6 +39,24 @@ from ddp.program.records import (
     load_run,
     parse_record_line,
 )
+from ddp.report import (
+    REPORT_NAME,
+    TB_MISSING,
+    Figure,
+    Headline,
+    Link,
+    Page,
+    Section,
+    Table,
+    Text,
+    rank_exits,
+    rank_outcome,
+    step_scalars,
+    steps_table,
+    tensorboard_available,
+    write_page,
+    write_scalars,
+)
 
 __all__ = [
     "COMM_HOOKS",
@@ -45,16 +64,25 @@ __all__ = [
     "GROUPS",
     "POWERSGD_RANK",
     "POWERSGD_START_ITER",
+    "REPORT_NAME",
+    "TB_MISSING",
     "ConfigRecord",
     "Diagnosis",
     "EndRecord",
     "FailureRecord",
+    "Figure",
+    "Headline",
+    "Link",
     "LogError",
+    "Page",
     "ParityReport",
     "RankLog",
     "Record",
     "Rendezvous",
+    "Section",
     "StepRecord",
+    "Table",
+    "Text",
     "TrainConfig",
     "VerdictRecord",
     "add_train_arguments",
@@ -67,5 +95,12 @@ __all__ = [
     "load_dumps",
     "load_run",
     "parse_record_line",
+    "rank_exits",
+    "rank_outcome",
+    "step_scalars",
+    "steps_table",
     "strip_source",
+    "tensorboard_available",
+    "write_page",
+    "write_scalars",
 ]

@@ -6,7 +6,7 @@ All variants live in the same processes and take turns step by step, so machine 
 alike; the figure per variant is the median over rounds of each round's median step time, and
 the comparisons are ratios within one run. One progress line per round; the report ends with
 the three targets (ours/torch <= 1.00, ours+hook/ours <= 1.03, world size 1 ours/bare <= 1.03);
-the figures go to OUT/bench.json and OUT/bench.csv.
+the figures go to OUT/bench.json and OUT/bench.csv, and a page of them to OUT/report.html.
 
 A default run takes about 1.5 minutes on an idle 2-core host (estimate; measured: 4.6 minutes
 with the cores shared by other jobs); --quick about 20 s (40 s shared).
@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ddp.bench.page import write_bench_page
 from ddp.bench.rank import VARIANTS, measure
 from ddp.bench.report import render, write_files
 from ddp.program.launch import spawn_ranks
@@ -106,6 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     n_ranks = sum(len(results) for results in ranks.values())
     print(f"teardown: {left} gloo threads left after destroy_process_group on {n_ranks} ranks")
     paths = write_files(Path(args.out), runs, cfg, command)
+    paths.append(write_bench_page(Path(args.out), runs, cfg, command))
     print(f"wrote {', '.join(map(str, paths))} ({time.monotonic() - t0:.1f} s in all)")
     return 0
 
