@@ -3,8 +3,9 @@
 The result: the run's id and directory, the verified link of every setting, every job's run,
 how long it took. The report: write the figures from the collected logs (or say, without a
 traceback, why the logs cannot give them, and where they are), print the experiment's table,
-one line of how long the run took and which files it wrote, what broke, and the exit code.
-Docker-free, so reports and their tests build on it without the engine.
+one line of how long the run took and which files it wrote, what broke, and the exit code;
+then the run's page, summary and scalars (:mod:`lab.report`). Docker-free, so reports and
+their tests build on it without the engine.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
+
+from lab.report.guard import report_failure
+from lab.report.publish import publish
+from lab.report.results import Results
 
 __all__ = ["Closing", "SweepResult", "report_sweep", "written", "wrote_line"]
 
@@ -56,11 +61,15 @@ class Closing:
 def written(write_outputs: Callable[[Any], Out], result: Any) -> Out | None:
     """``write_outputs(result)``, or None after printing why it failed (a ValueError, LogError
     included: the logs cannot give the figures); the caller then exits 1."""
+    return _written(write_outputs, result)[0]
+
+
+def _written(write_outputs: Callable[[Any], Out], result: Any) -> tuple[Out | None, str]:
     try:
-        return write_outputs(result)
+        return write_outputs(result), ""
     except ValueError as e:
         print(f"error: {e} (the logs are in {result.run_dir}/)", file=sys.stderr)
-        return None
+        return None, str(e)
 
 
 def wrote_line(result: Any, files: Sequence[Path], took: str = "took") -> str:
@@ -73,16 +82,29 @@ def report_sweep(
     write_outputs: Callable[[Any], Out],
     closing: Callable[[Any, Out], Closing],
     took: str = "took",
+    *,
+    results: Callable[[Any, Out, str], Results] | None = None,
+    name: str = "",
 ) -> int:
     """Write the files, print the experiment's lines around the 'took' line; exit 1 when the
-    logs cannot give the figures or something broke, else 0."""
-    out = written(write_outputs, result)
+    logs cannot give the figures or something broke, else 0. With ``results`` (the
+    experiment's page builder, given the outputs and what broke) also ``report.html``,
+    ``summary.json`` and the scalars; when the logs cannot give the figures, the failure page
+    of experiment ``name`` instead."""
+    out, why = _written(write_outputs, result)
     if out is None:
+        if name:
+            report_failure(name, result.run_dir, f"the logs cannot give the figures: {why}",
+                           result.seconds)  # fmt: skip
         return 1
     lines = closing(result, out)
     for line in lines.table:
         print(line)
     print(wrote_line(result, out.files, took))  # type: ignore[attr-defined]
+    if results is not None:  # before what broke and the headline: those stay the last lines
+        made = results(result, out, lines.broken)
+        for line in publish(result.run_dir, made.page, made.summary, made.files, made.jobs):
+            print(line)
     if lines.broken:
         print(lines.broken)
     for line in lines.after:

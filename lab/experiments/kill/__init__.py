@@ -19,6 +19,10 @@ from lab.experiments.kill.torchrun_plan import TorchrunKillPlan
 from lab.experiments.kill.torchrun_result import TorchrunKillResult
 from lab.experiments.up.plan import LAUNCHERS
 from lab.faults import FAULTS
+from lab.report.guard import guarded
+from lab.report.kill import kill_results, torchrun_kill_results
+from lab.report.publish import publish
+from lab.report.results import Results
 
 __all__ = ["DESCRIPTION", "EPILOG", "HELP", "NAME", "add_arguments", "plan", "report", "run"]
 
@@ -177,19 +181,29 @@ def plan(args: argparse.Namespace) -> KillPlan | TorchrunKillPlan:
     return KillPlan(**shared)
 
 
-def run(plan: KillPlan | TorchrunKillPlan) -> KillResult | TorchrunKillResult:
+def _run(plan: KillPlan | TorchrunKillPlan) -> KillResult | TorchrunKillResult:
     if isinstance(plan, TorchrunKillPlan):
         return torchrun_run.run_torchrun_kill(plan)
     return run_file(plan)
+
+
+run = guarded(NAME, _run)  # the package's run(), whose failure still leaves a report
+
+
+def _publish(result: KillResult | TorchrunKillResult, made: Results) -> None:
+    for line in publish(result.run_dir, made.page, made.summary, made.files, made.jobs):
+        print(line)
 
 
 def report(result: KillResult | TorchrunKillResult) -> int:
     if isinstance(result.plan, TorchrunKillPlan):
         verdict = judge(result)
         write_report(result, verdict)
+        _publish(result, torchrun_kill_results(result, verdict))
         print("\n".join(verdict.lines()))
         return 0 if verdict.ok else 1
     summary = summarize(result)
     write_summary(result, summary)
+    _publish(result, kill_results(result, summary))
     print("\n".join(summary.lines(result.plan.at_step)))
     return 0 if summary.ok else 1

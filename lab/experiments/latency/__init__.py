@@ -26,12 +26,15 @@ from lab.experiments.latency.plan import (
     LatencyPlan,
 )
 from lab.experiments.latency.result import SweepResult
-from lab.experiments.latency.run import run as run  # the package's run(): see lab.experiments
+from lab.experiments.latency.run import run as _run
 from lab.experiments.latency.text import DEFINITIONS, closing
 from lab.experiments.reporting import report_sweep
+from lab.report.guard import guarded
+from lab.report.latency import latency_results
 from lab.shaping.registry import CHOICES
 
 NAME = "latency"
+run = guarded(NAME, _run)  # the package's run(), whose failure still leaves a report
 HELP = "inject link latency between containers; sweep bucket caps and overlap"
 DESCRIPTION = (
     "Real delayed packets between containers (netem, or an NFQUEUE delayer where the "
@@ -168,4 +171,5 @@ def plan(args: argparse.Namespace) -> LatencyPlan:
 
 def report(result: SweepResult) -> int:
     """Exit 0 when parity held in every allreduce configuration, else 1."""
-    return report_sweep(result, write_outputs, closing, took="sweep took")
+    return report_sweep(result, write_outputs, closing, took="sweep took",
+                        results=latency_results, name=NAME)  # fmt: skip

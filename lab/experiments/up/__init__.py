@@ -11,10 +11,14 @@ from lab.engine.layout import Layout
 from lab.experiments.up.outputs import write_summary
 from lab.experiments.up.plan import LAUNCHERS, TOPOLOGIES, Topology, UpPlan, load_topology
 from lab.experiments.up.result import UpResult
-from lab.experiments.up.run import run as run  # the package's run(): see lab.experiments
+from lab.experiments.up.run import run as _run
 from lab.experiments.up.text import format_summary
+from lab.report.guard import guarded
+from lab.report.publish import publish
+from lab.report.up import up_results
 
 NAME = "up"
+run = guarded(NAME, _run)  # the package's run(), whose failure still leaves a report
 HELP = "run a topology to its parity verdict, then remove it"
 DESCRIPTION = (
     "Start one container per node on a private network with a shared volume, run "
@@ -25,7 +29,8 @@ DESCRIPTION = (
 EPILOG = f"""\
 Topology files: {TOPOLOGIES.relative_to(TOPOLOGIES.parents[3])}/*.yaml (nodes, ranks_per_node,
 train: any `python -m ddp train` setting); flags override the file.
-Files: runs/<run-id>/summary.json, topology.yaml, train/logs/rank<R>.jsonl, train/node<N>.log.
+Files: runs/<run-id>/report.html, summary.json, topology.yaml, tb/train/ (TensorBoard),
+train/logs/rank<R>.jsonl, train/node<N>.log.
 Exit codes: 0 parity holds and every rank exited 0, 1 parity broken or a rank failed,
 2 bad arguments, 130 interrupted."""
 
@@ -76,5 +81,8 @@ def plan(args: argparse.Namespace) -> UpPlan:
 
 def report(result: UpResult) -> int:
     write_summary(result)
+    made = up_results(result)  # its summary's common fields merge into summary.json
+    for line in publish(result.run_dir, made.page, made.summary, made.files, made.jobs):
+        print(line)
     print(format_summary(result))
     return 0 if result.ok else 1

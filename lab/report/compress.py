@@ -1,0 +1,60 @@
+"""``lab compress``'s page: where each hook pays as the headline, the table per rate and hook,
+the crossover, the figure, the verified links and every rank's exit. From the run's result
+and its outputs (rows, crossovers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddp.torchfree import Headline, Page, Section, Table, Text
+from lab.report.common import command_line, figures_section, ranks_section
+from lab.report.results import Results
+from lab.report.summary import RunSummary, started_at
+
+__all__ = ["compress_results"]
+
+_HEADERS = ("rate Mbit/s", "hook", "median step ms", "per round", "speedup vs none",
+            "wire MB/step", "sent MB/job", "final loss", "vs exact", "vs none", "max|dparam|",
+            "replicas")  # fmt: skip
+_FILES = [("compress.txt", "the table and the crossover"), ("compress.csv", "the table"),
+          ("compress.json", "settings, definitions, links, every job"),
+          ("trace.json", "Chrome trace of each hook's representative step")]  # fmt: skip
+
+
+def _pays(c: Any) -> str:
+    if not c.pays_at:
+        return f"{c.hook} never pays"
+    if c.lowest == c.highest:
+        return f"{c.hook} pays at {c.lowest:g} Mbit/s"
+    return f"{c.hook} pays at {c.lowest:g}..{c.highest:g} Mbit/s"
+
+
+def compress_results(result: Any, out: Any, broken: str) -> Results:
+    from lab.experiments.compress.text import crossover_line
+
+    rows = [[r.rate_mbit, r.hook, r.median_step_ms, "/".join(f"{m:.0f}" for m in
+             r.round_step_ms), r.speedup_vs_none, r.wire_mb, r.job_sent_mb, r.final_loss,
+             r.loss_vs_exact, r.loss_vs_none, r.max_param_diff,
+             "identical" if r.parity else "DIVERGED"] for r in out.rows]  # fmt: skip
+    links = [[lk.rate_mbit, lk.shaper, lk.measured_mbit, lk.rtt_p50_ms, lk.baseline_rtt_p50_ms,
+              lk.line] for lk in result.links]  # fmt: skip
+    problems: list[str] = []
+    plan = result.plan
+    sections = [
+        Section("Per rate and hook", [Table(_HEADERS, rows, f"{plan.nodes} ranks, model "
+                                            f"{plan.train.model}; medians over the rounds")]),
+        Section("Crossover", [Text([crossover_line(c) for c in out.crossovers])]),
+        figures_section(result.run_dir, [("compress.png", "step time and price per rate")]),
+        Section("Links, as the probe measured them", [Table(("rate Mbit/s", "shaper",
+                "measured Mbit/s", "rtt p50 ms", "unshaped p50 ms", "probe"), links)]),
+        ranks_section(result.run_dir, {r.job: r.codes for r in result.runs}, problems),
+    ]  # fmt: skip
+    figure = "; ".join(_pays(c) for c in out.crossovers if c.hook != "none")
+    verdict = broken or "replicas identical in every job"
+    command = command_line("compress")
+    page = Page(f"lab compress: run {result.run_id}", Headline(command, verdict, figure,
+                not broken), sections, problems=problems)  # fmt: skip
+    configs = {f"{r.rate_mbit:g} Mbit/s, {r.hook}": r.median_step_ms for r in out.rows}
+    summary = RunSummary("compress", result.run_id, command, started_at(result.seconds),
+                         result.seconds, figure, verdict, not broken, configs)  # fmt: skip
+    return Results(page, summary, list(_FILES), [r.job for r in result.runs])

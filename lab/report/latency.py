@@ -1,0 +1,76 @@
+"""``lab latency``'s page: bucketing and overlap as the headline, the sweep's table, the
+per-bucket timings of the Gantt chart's pair, the figures, the verified links and every rank's
+exit. From the sweep's result and its outputs (rows, headlines, timings)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddp.torchfree import Headline, Page, Section, Table, Text
+from lab.report.common import command_line, figures_section, ranks_section
+from lab.report.results import Results, ratio_text
+from lab.report.summary import RunSummary, started_at
+
+__all__ = ["latency_results"]
+
+_ROW_HEADERS = ("delay ms", "configuration", "allreduce/step", "median step ms",
+                "exposed comm ms", "speedup vs per-param", "parity", "steps measured")  # fmt: skip
+_FILES = [("latency.csv", "the table, one row per delay and configuration"),
+          ("latency.json", "settings, definitions, links, every run"),
+          ("trace.json", "Chrome trace of every configuration's representative step")]  # fmt: skip
+
+
+def _figure(headlines: list[Any]) -> str:
+    several = len(headlines) > 1
+    return "; ".join(
+        f"bucketing {ratio_text(h.bucketing_speedup)}, overlap {ratio_text(h.overlap_gain)}"
+        + (f" at {h.ms:g} ms" if several else "")
+        for h in headlines
+    )
+
+
+def _timings(timings: list[Any]) -> list[Table]:
+    tables = []
+    for t in timings:
+        rows = [[b.bucket, b.compute_ms, b.launch_ms, b.comm_ms, b.after_backward_ms]
+                for b in t.buckets]  # fmt: skip
+        caption = (f"{t.config}: forward {t.forward_ms:.1f} ms, backward {t.backward_ms:.1f} ms,"
+                   f" step {t.step_ms:.1f} ms (medians over {t.samples} rank-steps)")  # fmt: skip
+        tables.append(Table(("bucket", "compute ms", "launch ms", "allreduce ms",
+                             "after backward ms"), rows, caption))  # fmt: skip
+    return tables
+
+
+def _links(links: list[Any]) -> Table:
+    rows = [[lk.ms, lk.shaper, lk.rtt_p50_ms, lk.rtt_p90_ms, lk.baseline_p50_ms, lk.line]
+            for lk in links]  # fmt: skip
+    return Table(("delay ms", "shaper", "rtt p50 ms", "rtt p90 ms", "unshaped p50 ms",
+                  "probe"), rows)  # fmt: skip
+
+
+def latency_results(result: Any, out: Any, broken: str) -> Results:
+    """``out``: the sweep's Outputs; ``broken``: what broke ("" when parity held)."""
+    from lab.experiments.latency.text import headline_line, overlap_by_cap_line
+
+    rows = [[r.ms, r.config, r.calls, r.median_step_ms, r.exposed_comm_ms,
+             r.speedup_vs_per_parameter, r.parity_text, r.steps_measured]
+            for r in out.rows]  # fmt: skip
+    lines = [overlap_by_cap_line(out.rows, h.ms) for h in out.headlines]
+    lines += [headline_line(h) for h in out.headlines]
+    problems: list[str] = []
+    sections = [
+        Section("Step time per configuration", [Table(_ROW_HEADERS, rows), Text(lines)]),
+        Section("Per bucket (the Gantt chart's pair, round 1)", _timings(out.timings)),
+        figures_section(result.run_dir, [("latency.png", "median step time vs bucket cap"),
+                                         ("gantt.png", "one step, overlap on vs off")]),
+        Section("Links, as the probe measured them", [_links(result.links)]),
+        ranks_section(result.run_dir, {run.job: run.codes for run in result.runs}, problems),
+    ]  # fmt: skip
+    verdict = broken or "parity holds in every allreduce configuration"
+    command, figure = command_line("latency"), _figure(out.headlines)
+    page = Page(f"lab latency: run {result.run_id}", Headline(command, verdict, figure,
+                not broken), sections, problems=problems)  # fmt: skip
+    configs = {f"{r.ms:g} ms, {r.config}": r.median_step_ms for r in out.rows}
+    summary = RunSummary("latency", result.run_id, command, started_at(result.seconds),
+                         result.seconds, figure, verdict, not broken, configs)  # fmt: skip
+    return Results(page, summary, list(_FILES), [run.job for run in result.runs])

@@ -1,0 +1,54 @@
+"""``lab straggler``'s page: how much one slow rank slows every rank as the headline, the
+per-rank split of each step into compute and waiting beside the baseline, the Gantt chart, the
+slow link's probe and every rank's exit. From the run's result and its Summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddp.torchfree import Headline, Page, Section, Table, Text
+from lab.report.common import command_line, figures_section, ranks_section
+from lab.report.results import Results
+from lab.report.summary import RunSummary, started_at
+
+__all__ = ["straggler_results"]
+
+_HEADERS = ("rank", "compute ms", "waiting ms", "step ms", "baseline step ms", "vs baseline",
+            "baseline compute ms", "baseline waiting ms")  # fmt: skip
+_FILES = [("straggler.csv", "the per-rank table"),
+          ("straggler.json", "settings, definitions, every figure"),
+          ("trace.json", "Chrome trace of one step of each job")]  # fmt: skip
+
+
+def straggler_results(result: Any, out: Any, broken: str) -> Results:
+    from lab.experiments.straggler.plan import BASELINE_JOB, SLOWED_JOB
+    from lab.experiments.straggler.text import headline_line
+
+    plan, s = result.plan, out.summary
+    rows = [[f"{r.rank} (slow)" if r.straggler else r.rank, r.compute_ms, r.waiting_ms,
+             r.step_ms, r.baseline_step_ms, f"{r.vs_baseline:.2f}x", r.baseline_compute_ms,
+             r.baseline_waiting_ms] for r in s.rows]  # fmt: skip
+    rows.append(["job step", "", "", s.job_step_ms, s.baseline_job_step_ms, f"{s.job_x:.2f}x",
+                 "", ""])  # fmt: skip
+    problems: list[str] = []
+    jobs = [BASELINE_JOB, SLOWED_JOB]
+    sections = [
+        Section("Per rank, slowed vs the unslowed baseline",
+                [Table(_HEADERS, rows, f"{plan.describe()}; medians over the measured steps"),
+                 Text([headline_line(s, plan.rank, cpu=plan.quota is not None)])]),
+        figures_section(result.run_dir, [("gantt.png", "one step: unslowed above, slowed "
+                                          "below; yellow after backward = waiting")]),
+        Section("The slow link, as the probe measured it",
+                [Text(result.link_lines or ["no link was shaped"], pre=True)]),
+        ranks_section(result.run_dir, {j: result.jobs[j].codes for j in jobs
+                                       if j in result.jobs}, problems),
+    ]  # fmt: skip
+    figure = f"every rank's step {s.job_x:.1f}x with rank {plan.rank} slowed"
+    verdict = broken or "parity holds in both jobs"
+    command = command_line("straggler")
+    page = Page(f"lab straggler: run {result.run_id}", Headline(command, verdict, figure,
+                not broken), sections, problems=problems)  # fmt: skip
+    configs = {"baseline": s.baseline_job_step_ms, "slowed": s.job_step_ms}
+    summary = RunSummary("straggler", result.run_id, command, started_at(result.seconds),
+                         result.seconds, figure, verdict, not broken, configs)  # fmt: skip
+    return Results(page, summary, list(_FILES), jobs)
