@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddp.program.peers import Rendezvous
 from ddp.wrapper.hook_names import (
     COMM_HOOKS,
     COMPRESSION_HOOKS,
@@ -32,6 +32,7 @@ __all__ = [
     "POWERSGD_RANK",
     "POWERSGD_START_ITER",
     "SYNC_MODES",
+    "WRAPPERS",
     "Rendezvous",
     "TrainConfig",
     "flag_of",
@@ -45,6 +46,7 @@ SYNC_MODES = ("allreduce", "barrier", "none")
 # Field groups: "train" decides what is computed, "fault" how a run survives faults (timeouts,
 # checkpoints, delays to watch them), "output" where and how it reports.
 GROUPS = ("train", "fault", "output")
+WRAPPERS = ("ours", "torch")
 
 
 def _opt(default: Any, help: str, group: str = "train", **meta: Any) -> Any:
@@ -61,8 +63,25 @@ class TrainConfig:
     lr: float = _opt(0.05, "SGD learning rate")
     momentum: float = _opt(0.9, "SGD momentum")
     seed: int = _opt(0, "seed of the initial weights and of the data")
-    bucket_cap_mb: float = _opt(25.0, "gradient bucket cap in MB; 0 = one allreduce per tensor")
+    bucket_cap_mb: float | str = _opt(
+        25.0,
+        "gradient bucket cap in MB; 0 = one allreduce per tensor; auto = measure the link and "
+        "backward in the first steps, then rebuild the buckets with the cap predicted fastest",
+        words=("auto",),
+    )
     overlap: bool = _opt(True, "reduce all buckets after backward instead of during it")
+    wrapper: str = _opt(
+        "ours",
+        "which DistributedDataParallel trains: ours, or torch's on the same data, link and "
+        "containers (no --no-overlap or --bucket-cap-mb auto: torch has neither)",
+        choices=WRAPPERS,
+    )
+    accumulate: int = _opt(
+        1,
+        "micro-batches per optimizer step, the first K-1 under no_sync(): K x --batch-size "
+        "samples per step and one allreduce, so communication per sample falls K-fold",
+        metavar="K",
+    )
     sync: str = _opt(
         "allreduce",
         "how gradients are synchronised: 'barrier' replaces allreduce by dist.barrier() "
@@ -135,7 +154,14 @@ class TrainConfig:
                 f"--comm-hook {self.comm_hook} needs --sync allreduce (the hooks "
                 f"compress the gradient allreduce), got --sync {self.sync}"
             )
-        for name in ("steps", "batch_size"):
+        if self.wrapper not in WRAPPERS:
+            raise ValueError(_bad("wrapper", self.wrapper, f"one of {', '.join(WRAPPERS)}"))
+        if self.wrapper == "torch" and (not self.overlap or self.bucket_cap_mb == "auto"):
+            raise ValueError(
+                "--wrapper torch runs torch's DDP, which always overlaps and has no auto cap: "
+                "drop --no-overlap and --bucket-cap-mb auto, or use --wrapper ours"
+            )
+        for name in ("steps", "batch_size", "accumulate"):
             if getattr(self, name) < 1:
                 raise ValueError(_bad(name, getattr(self, name), ">= 1"))
         if self.checkpoint_every < 0:
@@ -143,7 +169,8 @@ class TrainConfig:
         for name in ("lr", "collective_timeout_s", "tolerance"):
             if not getattr(self, name) > 0:
                 raise ValueError(_bad(name, getattr(self, name), "a number > 0"))
-        for name in ("momentum", "bucket_cap_mb", "step_delay_ms", "backward_delay_ms"):
+        caps = () if self.bucket_cap_mb == "auto" else ("bucket_cap_mb",)
+        for name in ("momentum", *caps, "step_delay_ms", "backward_delay_ms"):
             if not getattr(self, name) >= 0:  # also rejects NaN
                 raise ValueError(_bad(name, getattr(self, name), "a number >= 0"))
         if self.resume and self.auto_resume:
@@ -216,6 +243,8 @@ def _bad(name: str, value: Any, want: str) -> str:
 def _check_type(f: dataclasses.Field, value: Any) -> None:
     # YAML and JSON hand over whatever they parsed: `steps: yes` must not become 1 step.
     default = f.default
+    if value in f.metadata.get("words", ()):
+        return
     if default is None:
         ok = value is None or isinstance(value, str)
         want = "a path"
@@ -226,7 +255,7 @@ def _check_type(f: dataclasses.Field, value: Any) -> None:
     elif isinstance(default, float):
         ok = isinstance(value, int | float) and not isinstance(value, bool)
         ok = ok and not math.isinf(value)
-        want = "a finite number"
+        want = " or ".join(["a finite number", *f.metadata.get("words", ())])
     else:
         ok, want = isinstance(value, str), "a string"
     if not ok:
@@ -241,42 +270,3 @@ def flag_of(name: str) -> str:
         return f.metadata["flag"]
     dashed = name.replace("_", "-")
     return f"--no-{dashed}" if f.default is True else f"--{dashed}"
-
-
-@dataclass(frozen=True)
-class Rendezvous:
-    """How this process finds its peers: its rank, the world size and an init_method URL."""
-
-    rank: int
-    world_size: int
-    init_method: str
-
-    def __post_init__(self) -> None:
-        if self.world_size < 1:
-            raise ValueError(f"--world-size must be >= 1, got {self.world_size}")
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"--rank must be in 0..{self.world_size - 1}, got {self.rank}")
-        if not self.init_method.startswith(("file://", "env://", "tcp://")):
-            raise ValueError(
-                f"--init-method must be a file://, tcp:// or env:// URL, got {self.init_method!r}"
-            )
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Rendezvous:
-        """Read torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): env://."""
-        env = os.environ if env is None else env
-        missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in env]
-        if missing:
-            raise ValueError(
-                f"no rendezvous given: pass --rank, --world-size and --init-method, or launch "
-                f"under torchrun (missing environment variables: {', '.join(missing)})"
-            )
-        return cls(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), init_method="env://")
-
-    def to_argv(self) -> list[str]:
-        """The flags of ``python -m ddp train`` that give this rendezvous."""
-        return [
-            "--rank", str(self.rank),
-            "--world-size", str(self.world_size),
-            "--init-method", self.init_method,
-        ]  # fmt: skip

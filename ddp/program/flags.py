@@ -44,6 +44,8 @@ def add_train_arguments(
             kw["action"] = "store_false" if f.default else "store_true"
         else:
             kw["type"] = str if f.default is None else type(f.default)
+            if "words" in f.metadata:
+                kw["type"] = _number_or(f.metadata["words"])
             if "choices" in f.metadata:
                 kw["choices"] = f.metadata["choices"]
             if "metavar" in f.metadata:
@@ -54,6 +56,23 @@ def add_train_arguments(
                 )
         sections[f.metadata["group"]].add_argument(flag_of(f.name), **kw)
     return names
+
+
+def _number_or(words: tuple[str, ...]) -> Any:
+    """argparse type: a float, or one of ``words`` (e.g. ``--bucket-cap-mb auto``)."""
+
+    def parse(text: str) -> float | str:
+        if text in words:
+            return text
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a number or {' or '.join(words)}, got {text!r}"
+            ) from None
+
+    parse.__name__ = "number"
+    return parse
 
 
 def config_from_args(

@@ -10,7 +10,9 @@ up as communication wait on the others.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -28,7 +30,7 @@ from ddp.program.parity import HEADER, ParityReport, StepRow, compression_of
 from ddp.program.records import ConfigRecord, EndRecord, RecordLog, StepRecord, VerdictRecord
 from ddp.program.reference import Reference, checksum, max_param_diff, params_sha256, sgd
 from ddp.program.resume import agreed_start, restore, save
-from ddp.wrapper.comm_hooks import register_named_hook
+from ddp.program.wrap import bucket_count, start_line, wrap
 from ddp.wrapper.distributed import DistributedDataParallel
 
 __all__ = ["train"]
@@ -83,38 +85,17 @@ def _setup(
     bucket_order = None if resumed is None else restore(cfg, resumed, module, opt, ref)
     if cfg.backward_delay_ms:
         simulate_backward_compute(module, cfg.backward_delay_ms)
-    model = _wrap(cfg, module, recorder, bucket_order)
+    model = wrap(cfg, module, recorder, bucket_order)
     ddp = model if isinstance(model, DistributedDataParallel) else None
     run = _Run(
         cfg, rank, world, jlog, recorder, x, y, sampler, module, model, ddp, opt, ref, resumed or 0
     )
     shapes = ddp.bucket_shapes if ddp else None
-    buckets = ddp.num_buckets if ddp else 0
+    buckets = bucket_count(cfg, model)
     jlog.write(ConfigRecord(rank, world, buckets, run.start, cfg.to_dict(), os.getpid(), shapes))
-    log.info(_start_line(cfg, world, ddp))
+    log.info(start_line(cfg, world, model))
     log.info(HEADER)
     return run
-
-
-def _wrap(
-    cfg: TrainConfig, module: nn.Module, recorder: FlightRecorder, bucket_order: list[int] | None
-) -> nn.Module:
-    """``--sync allreduce``: the wrapper, with its comm hook and a resumed run's bucket order.
-    ``--sync barrier / none``: the module itself (same loop, no gradient averaging)."""
-    if cfg.sync != "allreduce":
-        return module
-    ddp = DistributedDataParallel(
-        module,
-        bucket_cap_mb=cfg.bucket_cap_mb,
-        overlap=cfg.overlap,
-        find_unused_parameters=cfg.model == "branchy",
-        flight_recorder=recorder,
-    )
-    if cfg.comm_hook != "none":
-        register_named_hook(ddp, cfg.comm_hook)
-    if bucket_order is not None:
-        ddp.restore_bucket_order(bucket_order)
-    return ddp
 
 
 def _step(run: _Run, step: int) -> None:
@@ -123,20 +104,28 @@ def _step(run: _Run, step: int) -> None:
     cfg, opt = run.cfg, run.opt
     if run.ddp is not None:
         run.ddp.reducer.step = step
-    idx = run.sampler.indices(step - 1)
-    if run.ref is not None and cfg.comm_hook == "none":
+    if run.ref is not None and compression_of(cfg.to_dict()) is None:
         run.ref.anchor(run.module, opt)  # judge this step alone (see ddp.program.reference)
     wall0, t0 = time.time(), time.perf_counter()
     opt.zero_grad(set_to_none=True)
-    loss_t = F.cross_entropy(run.model(run.x[idx]), run.y[idx])
-    if cfg.step_delay_ms:
-        time.sleep(cfg.step_delay_ms / 1e3)
-    t_bw = time.perf_counter()
-    loss_t.backward()
+    losses, k = [], cfg.accumulate
+    for micro in range(k):
+        idx = run.sampler.indices((step - 1) * k + micro)
+        last = micro == k - 1
+        # forward and backward both under no_sync: the forward tells the wrapper whether the
+        # coming backward reduces (torch's require_backward_grad_sync)
+        with contextlib.nullcontext() if last or run.module is run.model else run.model.no_sync():
+            loss_t = F.cross_entropy(run.model(run.x[idx]), run.y[idx])
+            if cfg.step_delay_ms and last:
+                time.sleep(cfg.step_delay_ms / 1e3)
+            t_bw = time.perf_counter()
+            # 1/K per micro-batch: the sum of K micro-batch means is K times the step's mean
+            (loss_t / k if k > 1 else loss_t).backward()
+        losses.append(loss_t.item())
     comm_s, timeline = _communication(run, step, t0, t_bw)
     opt.step()
     step_ms = (time.perf_counter() - t0) * 1e3
-    _check_step(run, step, loss_t.item(), step_ms, comm_s, wall0, timeline)
+    _check_step(run, step, sum(losses) / k, step_ms, comm_s, wall0, timeline)
 
 
 def _communication(run: _Run, step: int, t0: float, t_bw: float) -> tuple[float, dict[str, object]]:
@@ -150,6 +139,8 @@ def _communication(run: _Run, step: int, t0: float, t_bw: float) -> tuple[float,
             "buckets_ms": [[(a - t0) * 1e3, (b - t0) * 1e3] for a, b in tl["buckets"]],
             "num_buckets": run.ddp.num_buckets,
         }
+    if run.model is not run.module:  # torch's wrapper: its wait is inside its own backward
+        return math.nan, {}
     if run.cfg.sync == "barrier":
         tb = time.perf_counter()
         with run.recorder.record("barrier", step=step):
@@ -230,24 +221,3 @@ def _verify(run: _Run) -> bool:
         dist.barrier()
     run.jlog.write(EndRecord(rank, bool(holds.item()), params_sha256(run.module)))
     return bool(holds.item())
-
-
-def _start_line(cfg: TrainConfig, world: int, ddp: DistributedDataParallel | None) -> str:
-    """The run's first log line: world, model, and how gradients are synchronised."""
-    if ddp is None:
-        how = "dist.barrier() only" if cfg.sync == "barrier" else "nothing (local SGD)"
-        return f"{world} ranks, model {cfg.model}, sync by {how}, no allreduce"
-    return (
-        f"{world} ranks, model {cfg.model}, {_buckets_text(ddp)} "
-        f"(cap {cfg.bucket_cap_mb} MB), overlap {'on' if cfg.overlap else 'off'}, "
-        f"global batch {cfg.batch_size}"
-        + (f", comm hook {cfg.comm_hook}" if cfg.comm_hook != "none" else "")
-    )
-
-
-def _buckets_text(ddp: DistributedDataParallel) -> str:
-    n = ddp.num_buckets
-    text = f"{n} bucket{'s' if n != 1 else ''}"
-    if ddp.reducer.rebuild_pending:
-        text += " for step 1, then rebuilt in gradient-ready order"
-    return text

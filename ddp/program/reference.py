@@ -63,6 +63,7 @@ class Reference:
         self.opt = sgd(self.model, cfg)
         lb = cfg.local_batch(world_size)
         self.samplers = [ShardSampler(n, r, world_size, lb, cfg.seed) for r in range(world_size)]
+        self.accumulate = cfg.accumulate
 
     @torch.no_grad()
     def anchor(self, module: nn.Module, opt: torch.optim.Optimizer) -> None:
@@ -75,7 +76,10 @@ class Reference:
         self.opt.load_state_dict(copy.deepcopy(opt.state_dict()))
 
     def step(self, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
-        idx = global_batch(self.samplers, step)
+        """One step on the whole global batch of 0-based ``step``: every rank's micro-batches
+        of it (``--accumulate``), as one batch, so accumulation is judged against one step."""
+        k = self.accumulate
+        idx = torch.cat([global_batch(self.samplers, step * k + j) for j in range(k)])
         self.opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(self.model(x[idx]), y[idx])
         loss.backward()
