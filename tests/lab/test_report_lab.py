@@ -151,3 +151,14 @@ def test_failure_report_of_an_empty_folder(tmp_path):
     assert jobs == [] and summary.verdict == "failed: the engine failed" and summary.figure == ""
     assert json.dumps(summary.configs) == "{}"
     assert page.headline.ok is False
+
+
+def test_without_tensorboard_the_run_goes_on_and_one_line_says_so(tmp_path, capsys, monkeypatch):
+    import lab.report.publish as publish_module
+
+    monkeypatch.setattr(publish_module, "tensorboard_available", lambda: False)
+    result = sweep(tmp_path / "20250101-150000-dddd")
+    assert latency.report(result) == 0
+    out = capsys.readouterr().out
+    assert out.count("tensorboard is not installed (pip install tensorboard") == 1
+    assert not (result.run_dir / "tb").exists() and (result.run_dir / "report.html").exists()
