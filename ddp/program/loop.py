@@ -57,6 +57,7 @@ class _Run:
     ref: Reference | None  # rank 0's single-process reference on the global batch
     start: int  # the last step already done (0, or the step a resumed run continues after)
     rows: list[StepRow] = field(default_factory=list)  # rank 0's parity rows
+    auto_cap_reported: bool = False
 
 
 def train(
@@ -90,7 +91,7 @@ def _setup(
     run = _Run(
         cfg, rank, world, jlog, recorder, x, y, sampler, module, model, ddp, opt, ref, resumed or 0
     )
-    shapes = ddp.bucket_shapes if ddp else None
+    shapes = ddp.reducer.bucket_shapes if ddp else None
     buckets = bucket_count(cfg, model)
     jlog.write(ConfigRecord(rank, world, buckets, run.start, cfg.to_dict(), os.getpid(), shapes))
     log.info(start_line(cfg, world, model))
@@ -132,13 +133,18 @@ def _communication(run: _Run, step: int, t0: float, t_bw: float) -> tuple[float,
     """Seconds this step's backward spent blocked on communication, and the wrapper's timeline
     of it (ms since the step's start: backward, and each bucket's launch and completion)."""
     if run.ddp is not None:
-        comm_s = run.ddp.last_comm_wait_s
+        comm_s = run.ddp.reducer.last_comm_wait_s
         tl = run.ddp.reducer.last_timeline
-        return comm_s, {
+        timeline = {
             "backward_ms": [(t_bw - t0) * 1e3, (tl["backward_end"] - t0) * 1e3],
             "buckets_ms": [[(a - t0) * 1e3, (b - t0) * 1e3] for a, b in tl["buckets"]],
             "num_buckets": run.ddp.num_buckets,
         }
+        if run.ddp.auto_cap is not None and not run.auto_cap_reported:
+            run.auto_cap_reported = True
+            timeline["auto_cap"] = run.ddp.auto_cap.summary()
+            log.info(_auto_cap_line(timeline["auto_cap"], run.ddp.num_buckets))
+        return comm_s, timeline
     if run.model is not run.module:  # torch's wrapper: its wait is inside its own backward
         return math.nan, {}
     if run.cfg.sync == "barrier":
@@ -221,3 +227,13 @@ def _verify(run: _Run) -> bool:
         dist.barrier()
     run.jlog.write(EndRecord(rank, bool(holds.item()), params_sha256(run.module)))
     return bool(holds.item())
+
+
+def _auto_cap_line(chosen: dict[str, object], buckets: int) -> str:
+    return (
+        f"auto bucket cap: {chosen['cap_mb']} MB ({buckets} bucket{'s' if buckets != 1 else ''}), "
+        f"link fit "
+        f"{chosen['link_latency_ms']} ms + bytes at {chosen['link_mb_per_s']} MB/s, probed in "
+        f"{chosen['probe_ms']} ms; predicted communication end per cap (ms): "
+        + ", ".join(f"{c} {t}" for c, t in chosen["predicted_ms"].items())  # type: ignore[union-attr]
+    )

@@ -112,6 +112,9 @@ class StepRecord(Record):
     ref_loss: float | None = None  # rank 0 only: the single-process reference
     ref_checksum: float | None = None
     max_param_diff: float | None = None
+    # --bucket-cap-mb auto, on the step whose forward rebuilt the buckets: the cap chosen, the
+    # fitted link and each candidate's predicted communication (ddp.wrapper.auto_tune)
+    auto_cap: dict[str, Any] | None = None
 
 
 @dataclass

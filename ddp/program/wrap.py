@@ -74,8 +74,11 @@ def start_line(cfg: TrainConfig, world: int, model: nn.Module) -> str:
         batch = f"global batch {k * cfg.batch_size} ({k} micro-batches of {cfg.batch_size}, "
         batch += f"the first {k - 1} under no_sync)"
     hook = f", comm hook {cfg.comm_hook}" if cfg.comm_hook != "none" else ""
+    cap = (
+        "auto: chosen at the rebuild" if cfg.bucket_cap_mb == "auto" else f"{cfg.bucket_cap_mb} MB"
+    )
     return (
-        f"{world} ranks, model {cfg.model}, {wrapper} (cap {cfg.bucket_cap_mb} MB), "
+        f"{world} ranks, model {cfg.model}, {wrapper} (cap {cap}), "
         f"overlap {'on' if cfg.overlap else 'off'}, {batch}{hook}"
     )
 

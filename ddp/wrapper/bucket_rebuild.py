@@ -45,12 +45,22 @@ class BucketRebuild:
         self.has_rebuilt_buckets = False
         self._order: list[int] = []  # the rebuilt plan's
         self._ready_order: list[int] = []  # the running backward's, from the hooks only
+        self._ready_t: list[float] = []  # perf_counter() when each of _ready_order was ready
         self.last_ready_order: list[int] = []  # the last finished synchronised backward's
+        self.last_ready_s: list[float] = []  # its gradients' ready times, s after backward began
         self._synced_backwards = 0  # finished or (joined) shadowed
 
-    def _count_synced_backward(self, order: Sequence[int]) -> None:
+    def _count_synced_backward(self, order: Sequence[int], stamps: Sequence[float] = ()) -> None:
         self.last_ready_order = list(order)
+        self.last_ready_s = [t - self._backward_start_t for t in stamps]
         self._synced_backwards += 1
+
+    def ready_profile(self) -> list[tuple[float, int]]:
+        """(seconds after backward began, bytes) of each gradient of the last synchronised
+        backward, in ready order: what ``bucket_cap_mb='auto'`` plans with."""
+        params = [self._params[i] for i in self.last_ready_order]
+        sizes = [p.numel() * p.element_size() for p in params]
+        return list(zip(self.last_ready_s, sizes, strict=True))
 
     @property
     def rebuild_pending(self) -> bool:
@@ -61,12 +71,15 @@ class BucketRebuild:
         """Whether the next synchronised forward rebuilds (the same answer on every rank)."""
         return self.rebuild_pending and self._synced_backwards >= (2 if self.static.enabled else 1)
 
-    def rebuild_buckets(self) -> bool:
+    def rebuild_buckets(self, caps: tuple[int, int] | None = None) -> bool:
         """Before a synchronised forward (or a joined rank's shadow of one): if due, replace
-        the plan by one in rank 0's recorded ready order. True if it rebuilt. A collective: all
-        ranks call it in the same iteration (they count the same synchronised backwards)."""
+        the plan by one in rank 0's recorded ready order, with new ``caps`` if given (the auto
+        cap's). True if it rebuilt. A collective: all ranks call it in the same iteration (they
+        count the same synchronised backwards)."""
         if not self.rebuild_due():
             return False
+        if caps is not None:
+            self._caps = caps
         assert not self._expect_backward, "rebuilt between iterations only"
         self._rebuild_in(self._completed(self.last_ready_order))
         return True

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
+from ddp.wrapper.auto_tune import AutoCap, tune, wants_auto
 from ddp.wrapper.autograd_graph import dist_autograd_context, unreached
 from ddp.wrapper.buckets import torch_caps
 from ddp.wrapper.comm import recorded, sync_replicas
@@ -50,7 +51,8 @@ class DistributedDataParallel(nn.Module, Joinable):
             buckets mean fewer allreduce calls (each pays a latency floor); smaller ones start
             communicating earlier; ``0``: one allreduce per parameter tensor. As in torch, the
             first iteration runs with one bucket (unless ``find_unused_parameters``), then the
-            buckets are rebuilt in the order gradients arrived (``bucket_rebuild``).
+            buckets are rebuilt in the order gradients arrived (``bucket_rebuild``). ``'auto'``
+            (not torch's): at that rebuild, time the link and choose the cap (``auto_tune``).
         find_unused_parameters: walk the autograd graph after each forward to find parameters
             this rank did not use; they contribute zeros.
         gradient_as_bucket_view: make ``.grad`` a view into the flat buckets (one copy less).
@@ -73,7 +75,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         broadcast_buffers: bool | None = None,
         init_sync: bool = True,
         process_group: dist.ProcessGroup | None = None,
-        bucket_cap_mb: float | None = None,
+        bucket_cap_mb: float | str | None = None,
         find_unused_parameters: bool = False,
         check_reduction: bool = False,
         gradient_as_bucket_view: bool = False,
@@ -87,6 +89,8 @@ class DistributedDataParallel(nn.Module, Joinable):
     ) -> None:
         super().__init__()
         Joinable.__init__(self)
+        self._tune_cap, bucket_cap_mb = wants_auto(bucket_cap_mb, find_unused_parameters)
+        self.auto_cap: AutoCap | None = None  # what 'auto' chose, once it has
         check_arguments(
             module, bucket_cap_mb, torch_only, device_ids, output_device, check_reduction
         )
@@ -237,11 +241,16 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     def _rebuild_buckets(self) -> bool:
         """torch's ``reducer._rebuild_buckets()``: once, before a synchronised forward, the
-        buckets are re-planned in the order gradients arrived (see ``bucket_rebuild``)."""
+        buckets are re-planned in the order gradients arrived (see ``bucket_rebuild``), with
+        the cap ``bucket_cap_mb='auto'`` chose then (``auto_tune``)."""
         if not self.reducer.rebuild_due():
             return False
+        if self._tune_cap:
+            self.auto_cap = tune(self.reducer, self.process_group, self._logging)
+            self.bucket_cap_mb = self.auto_cap.cap_mb
+        caps = torch_caps(self.bucket_cap_mb) if self._tune_cap else None
         with recorded(self.flight_recorder, "rebuild_buckets", step=self.reducer.step):
-            self.reducer.rebuild_buckets()
+            self.reducer.rebuild_buckets(caps)
         self._logging.on_rebuild(self.reducer)
         return True
 
@@ -286,13 +295,3 @@ class DistributedDataParallel(nn.Module, Joinable):
     def num_buckets(self) -> int:
         """Allreduce calls per synchronised backward."""
         return self.reducer.num_buckets
-
-    @property
-    def bucket_shapes(self) -> list[list[list[int]]]:
-        """Per bucket, in launch order, the shapes of its parameters in buffer order."""
-        return self.reducer.bucket_shapes
-
-    @property
-    def last_comm_wait_s(self) -> float:
-        """Seconds the last synchronised backward spent blocked waiting for allreduces."""
-        return self.reducer.last_comm_wait_s

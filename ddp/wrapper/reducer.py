@@ -145,7 +145,7 @@ class Reducer(BucketRebuild, ReducerSupport):
             )
         self._reset_iteration()
         self.static.reset_iteration()
-        self._ready_order = []
+        self._ready_order, self._ready_t = [], []
         for flags in self._flags:
             flags.zero_()
         self._local_missing = []
@@ -201,6 +201,7 @@ class Reducer(BucketRebuild, ReducerSupport):
                 "same every iteration."
             )
         self._ready_order.append(i)
+        self._ready_t.append(time.perf_counter())
         grad = self._params[i].grad if self._dist_ctx is None else self._incoming[i]
         if torch.is_grad_enabled():  # backward(create_graph=True) runs hooks in grad mode
             with torch.no_grad():
@@ -285,4 +286,4 @@ class Reducer(BucketRebuild, ReducerSupport):
         self._stash.clear()
         self._incoming.clear()
         self._used_since_sync = [False] * len(self._params)
-        self._count_synced_backward(self._ready_order)
+        self._count_synced_backward(self._ready_order, self._ready_t)

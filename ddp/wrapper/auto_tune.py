@@ -1,0 +1,99 @@
+"""``bucket_cap_mb='auto'`` at run time: measure, decide on rank 0, rebuild everywhere.
+
+The wrapper starts with torch's default plan. At the bucket rebuild (before the second
+synchronised forward, where torch re-plans in the order gradients arrived) every rank times a
+few plain allreduces of growing size on its group, rank 0 fits the link and, with the ready
+times of its own last backward, predicts each candidate cap's communication (``auto_cap``) and
+broadcasts its choice; every rank then rebuilds with that cap. The plan stays identical on
+every rank because only rank 0's measurements decide.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddp.wrapper.auto_cap import CapChoice, LinkModel, choose_cap, fit_link
+
+__all__ = ["PROBE_BYTES", "AutoCap", "measure_link", "tune", "wants_auto"]
+
+# Allreduce sizes the link is timed at (each capped at the model's gradient bytes), from
+# latency-bound to bandwidth-bound; the fastest of PROBE_REPS runs counts (noise only adds).
+PROBE_BYTES = (4 << 10, 64 << 10, 512 << 10, 2 << 20)
+PROBE_REPS = 3
+
+
+class AutoCap:
+    """What the auto cap chose and why: the cap, the fitted link and the predictions."""
+
+    def __init__(self, choice: CapChoice, link: LinkModel, probe_s: float) -> None:
+        self.cap_mb = choice.cap_mb
+        self.predicted_s = choice.predicted_s
+        self.link = link
+        self.probe_s = probe_s
+
+    def summary(self) -> dict[str, Any]:
+        """For the logs and ``_get_ddp_logging_data()``: plain numbers, ms and MB/s."""
+        return {
+            "cap_mb": self.cap_mb,
+            "predicted_ms": {str(c): round(t * 1e3, 3) for c, t in self.predicted_s.items()},
+            "link_latency_ms": round(self.link.latency_s * 1e3, 3),
+            "link_mb_per_s": round(self.link.bytes_per_s / (1 << 20), 3),
+            "probe_ms": round(self.probe_s * 1e3, 1),
+        }
+
+
+def wants_auto(
+    bucket_cap_mb: float | str | None, find_unused_parameters: bool
+) -> tuple[bool, float | None]:
+    """(whether the cap is to be chosen, the cap to start with: torch's default if so)."""
+    if bucket_cap_mb != "auto":
+        return False, bucket_cap_mb  # type: ignore[return-value]
+    if find_unused_parameters:
+        raise ValueError(
+            "bucket_cap_mb='auto' chooses the cap when the buckets are rebuilt, which "
+            "find_unused_parameters=True never does (torch's rule); give a number instead"
+        )
+    return True, None
+
+
+def measure_link(group: dist.ProcessGroup | None, max_bytes: int) -> list[tuple[int, float]]:
+    """(bytes, seconds) of plain allreduces on ``group``; a collective on every rank."""
+    sizes = sorted({max(4, min(n, max_bytes)) for n in PROBE_BYTES})
+    if len(sizes) < 2:
+        sizes = [4, max(8, max_bytes)]
+    dist.all_reduce(torch.zeros(1), group=group)  # line the ranks up before the first timing
+    samples = []
+    for _ in range(PROBE_REPS):
+        for n in sizes:
+            t = torch.zeros(n // 4)
+            t0 = time.perf_counter()
+            dist.all_reduce(t, group=group)
+            samples.append((n, time.perf_counter() - t0))
+    best: dict[int, float] = {}
+    for n, s in samples:
+        best[n] = min(s, best.get(n, s))
+    return sorted(best.items())
+
+
+def tune(reducer: Any, group: dist.ProcessGroup | None, logging: Any) -> AutoCap:
+    """Measure the link, let rank 0 choose, and return the choice every rank now shares (also
+    in the logging data, ``auto_bucket_cap``)."""
+    t0 = time.perf_counter()
+    ready = reducer.ready_profile()
+    samples = measure_link(group, sum(n for _, n in ready) or max(PROBE_BYTES))
+    probe_s = time.perf_counter() - t0
+    decided: list[AutoCap | None] = [None]
+    if dist.get_rank(group) == 0:
+        link = fit_link(samples)
+        decided[0] = AutoCap(choose_cap(ready or [(0.0, 4)], link), link, probe_s)
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    dist.broadcast_object_list(decided, src=src, group=group)
+    chosen = decided[0]
+    assert chosen is not None
+    logging.data["auto_bucket_cap"] = json.dumps(chosen.summary())
+    return chosen
