@@ -1,6 +1,6 @@
 """The two-level allreduce hook on spawned gloo ranks told which node they are on (``DDP_NODE``):
-2 nodes x 2, 1 x 4, 4 x 1 and 3 x 1. Under our wrapper and under torch's, it must leave the
-replicas bitwise identical and the parameters within 1e-6 of torch's DDP with its flat
+2 nodes x 2, 1 x 4, 4 x 1, 3 x 1, and 2 + 1. Under our wrapper and under torch's, it must leave
+the replicas bitwise identical and the parameters within 1e-6 of torch's DDP with its flat
 allreduce; the fp16 variant compresses only the cross-node leg, so the replicas still agree
 bitwise and the difference from exact is fp16's rounding."""
 
@@ -23,7 +23,8 @@ from tests.helpers import run_ranks
 
 STEPS = 4
 # name -> ranks per node, in rank order (the node names every rank reports)
-LAYOUTS = {"2x2": [2, 2], "1x4": [4], "4x1": [1, 1, 1, 1], "3x1": [1, 1, 1]}
+# (2+1: nodes of unequal size work too, the leader variant needs no equal shards)
+LAYOUTS = {"2x2": [2, 2], "1x4": [4], "4x1": [1, 1, 1, 1], "3x1": [1, 1, 1], "2+1": [2, 1]}
 
 
 def _node_names(sizes: list[int]) -> list[str]:
