@@ -10,9 +10,11 @@ cross-node leg (the ``hierarchical-fp16`` hook); within a node the sums stay exa
 Ordering: the three collectives of a bucket depend on each other, and gloo pairs collectives by
 the order they are issued on each group. Chaining them through future callbacks would issue
 them from gloo's threads, in an order that can differ between ranks (the hazard PowerSGD's
-``_InOrder`` guards against). So one thread per state issues every bucket's three steps, in
-bucket order, which is the same on every rank; the caller's thread returns a future at once,
-so backward keeps running while the thread talks.
+``_InOrder`` guards against). So one thread per state issues every bucket's steps, in bucket
+order, which is the same on every rank; the caller's thread returns a future at once, so
+backward keeps running while the thread talks. The thread keeps one bucket's cross-node
+allreduce in flight while it reduces the next bucket within the node, so two slow-link round
+trips overlap, as two buckets' flat allreduces do on gloo's worker threads.
 
 Works with torch's ``DistributedDataParallel.register_comm_hook`` and with ours.
 """
@@ -21,6 +23,7 @@ Works with torch's ``DistributedDataParallel.register_comm_hook`` and with ours.
 # annotations with dist.GradBucket and Future[Tensor] objects, and strings would not match.
 import queue
 import threading
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -63,42 +66,71 @@ class HierarchicalState:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._serve, name="ddp-hierarchical", daemon=True).start()
 
-    def submit(self, buffer: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    def submit(self, buffer: torch.Tensor, is_last: bool) -> torch.futures.Future[torch.Tensor]:
         """Queue ``buffer`` (this rank's unaveraged bucket) for the two-level average."""
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-        self._jobs.put((buffer, fut))
+        self._jobs.put((buffer, is_last, fut))
         return fut
 
     def _serve(self) -> None:
+        # A one-bucket lag: bucket b's cross-node allreduce is still in flight while bucket
+        # b+1 is reduced within the node, and b is broadcast only after that. Every rank
+        # issues the same sequence (reduce 0, reduce 1, broadcast 0, reduce 2, broadcast 1, ...,
+        # then the last broadcast once is_last), so gloo pairs the collectives alike everywhere.
+        pending: _Leg | None = None
         while True:
-            buffer, fut = self._jobs.get()
+            buffer, is_last, fut = self._jobs.get()
             try:
-                self._average(buffer)
-            except Exception as e:  # a failed collective fails the bucket, as allreduce would
-                fut.set_exception(e)
-            else:
-                fut.set_result(buffer)
+                current = self._start(buffer, fut)
+                if pending is not None:
+                    self._finish(pending)
+                pending = current
+                if is_last:
+                    self._finish(pending)
+                    pending = None
+            except Exception as e:  # a failed collective fails the buckets, as allreduce would
+                for leg_fut in (fut, pending.fut if pending is not None else None):
+                    if leg_fut is not None and not leg_fut.done():
+                        leg_fut.set_exception(e)
+                pending = None
 
-    def _average(self, buffer: torch.Tensor) -> None:
+    def _start(self, buffer: torch.Tensor, fut: torch.futures.Future) -> "_Leg":
+        """Sum the node into its leader and start the cross-node allreduce (leaders only)."""
         buffer.div_(self.topology.world_size)  # divide first, as torch's allreduce hook does
         if self.local is not None:
             dist.reduce(buffer, dst=self.leader, group=self.local)
+        wire, work = buffer, None
         if self.is_leader:
-            if self.cross_dtype is None:
-                dist.all_reduce(buffer, group=self.cross)
-            else:
-                wire = buffer.to(self.cross_dtype)
-                dist.all_reduce(wire, group=self.cross)
-                buffer.copy_(wire)
+            wire = buffer if self.cross_dtype is None else buffer.to(self.cross_dtype)
+            work = dist.all_reduce(wire, group=self.cross, async_op=True)
+        return _Leg(buffer, wire, work, fut)
+
+    def _finish(self, leg: "_Leg") -> None:
+        """Wait for the cross-node result and hand it to every rank of the node."""
+        if leg.work is not None:
+            leg.work.wait()
+            if leg.wire is not leg.buffer:
+                leg.buffer.copy_(leg.wire)
         if self.local is not None:
-            dist.broadcast(buffer, src=self.leader, group=self.local)
+            dist.broadcast(leg.buffer, src=self.leader, group=self.local)
+        leg.fut.set_result(leg.buffer)
+
+
+@dataclass
+class _Leg:
+    """One bucket between its within-node reduce and its broadcast."""
+
+    buffer: torch.Tensor
+    wire: torch.Tensor  # the buffer, or its fp16 copy for the cross-node leg
+    work: Any  # the cross-node allreduce in flight (leaders), else None
+    fut: torch.futures.Future
 
 
 def hierarchical_hook(
     state: "HierarchicalState", bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
     """``hook(state, bucket)`` for ``register_comm_hook``: the bucket's two-level average."""
-    return state.submit(bucket.buffer())
+    return state.submit(bucket.buffer(), bucket.is_last())
 
 
 def register_hierarchical(
