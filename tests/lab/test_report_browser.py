@@ -1,8 +1,8 @@
 """The pages in a real browser: headless Chromium opens a lab sweep's ``report.html`` and a
 failed run's from disk; every image decodes (naturalWidth > 0), the console has no error, the
 page fetched nothing but itself, and the headline is there. Screenshots stay in the test's tmp
-dir (``report.png``). Needs Debian's chromium (apt-get install -y chromium); about 10 s, so it
-runs by default."""
+dir (``report.png``). Needs Debian's chromium (apt-get install -y chromium); 15 s here on a
+quiet host, 45 s on a busy one: under a minute, so it runs by default."""
 
 from __future__ import annotations
 
