@@ -105,7 +105,7 @@ def test_cli_defaults_flags_and_help(capsys):
     for flag in ("--bucket-cap-mb", "--no-overlap", "--sync", "--timeout "):
         assert flag not in text
     assert "model to train (default tower)" in text  # TrainConfig's help, the sweep's default
-    assert "The default workload is chosen so that bucketing and overlap both pay" in text
+    assert "The default runs two phases at each delay" in text
     assert "a model of accelerator compute" in text  # --backward-ms
 
 
@@ -118,7 +118,8 @@ def test_training_flags_come_from_trainconfig():
 
 
 def test_quick_fills_only_what_was_left_at_its_default():
-    quick = _plan("--quick")
+    # One phase (an explicit setting): its caps too; the default's two phases: test_latency_phases
+    quick = _plan("--quick", "--rate-mbit", "0")
     assert (quick.caps, quick.rounds, quick.train.steps) == ((0.0, 0.15), 1, 5)
     mine = _plan("--quick", "--caps", "0,1", "--rounds", "3", "--steps", "9")
     assert (mine.caps, mine.rounds, mine.train.steps) == ((0.0, 1.0), 3, 9)

@@ -17,6 +17,7 @@ import textwrap
 from ddp.torchfree import TrainConfig, config_from_args, flag_of
 from lab import args as common
 from lab.experiments.latency.outputs import write_outputs
+from lab.experiments.latency.phases import WORKLOAD
 from lab.experiments.latency.plan import (
     DEFAULT_CAPS,
     DEFAULT_NODES,
@@ -49,25 +50,7 @@ def _wrap(term: str) -> str:
     )
 
 
-_WORKLOAD = (
-    f"The default workload is chosen so that bucketing and overlap both pay with real CPU "
-    f"compute: {DEFAULT_NODES} nodes (one core per rank on a 2-core host), model "
-    f"{TRAIN_DEFAULTS.model} (40 thin convolutions over the 32 features read as a signal: 82 "
-    f"tensors, 1.1 MB of gradients), global batch {TRAIN_DEFAULTS.batch_size}, one thread per "
-    f"rank, a {DEFAULT_RATE_MBIT:g} Mbit/s rate cap and caps "
-    f"{','.join(f'{c:g}' for c in DEFAULT_CAPS)}. Per parameter, 82 latency-bound allreduces "
-    "take over a second per step; a few buckets are bandwidth-bound instead (the bucketing "
-    "lesson). Overlap hides an allreduce only behind the backward that runs after its bucket "
-    "filled, and never the last bucket's. So backward must last about as long as the "
-    "communication (here ~370-430 ms of backward against ~410-480 ms of allreduce), and the "
-    "communication must be bandwidth-bound and serial (the rate cap: two allreduces in flight "
-    "share the link), or overlap off merges everything into one latency-bound allreduce and "
-    "loses nothing. Cap 0.15 MB gives 7 buckets of about five convolutions each, the first "
-    "filling after 1/6 of backward; cap 25 (torch's default) gives one bucket, which overlap "
-    "cannot help. The console prints, per bucket, the compute that filled it and its allreduce "
-    "time. Four ranks on two cores (--nodes 4) starve communication during backward and "
-    "overlap then gains ~1.0-1.1x: docs/experiments/latency.md, 'Why this default'."
-)
+_WORKLOAD = WORKLOAD  # the default's two phases, and why: .phases
 
 EPILOG = "\n".join(
     [
@@ -75,8 +58,19 @@ EPILOG = "\n".join(
         "",
         "The closing line is",
         "  bucketing speedup at <ms> ms: X.Xx (per-parameter vs best bucketed), overlap gain: Y.Yx",
+        "and just before it, where they ran, the auto cap's and accumulation's lines:",
+        "  auto cap at <ms> ms[, <phase> phase]: chose C MB (round 1), ..., N allreduces/step, ...",
+        "  accumulation at <ms> ms: communication per sample Z.Zx lower with accumulate K (...)",
         "where",
-        *(_wrap(t) for t in ("bucketing speedup", "overlap gain", "exposed communication")),
+        *(
+            _wrap(t)
+            for t in (
+                "bucketing speedup",
+                "overlap gain",
+                "exposed communication",
+                "comm ms/sample",
+            )
+        ),
         "Files in runs/<run-id>/: latency.csv, latency.json, latency.png (step time vs bucket",
         "cap), trace.json (Chrome trace: open in https://ui.perfetto.dev or chrome://tracing),",
         "gantt.png (one step, overlap on vs off), and per configuration and round a job",
@@ -137,9 +131,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "a 2-core host)")  # fmt: skip
     p.add_argument(
         "--quick", action="store_true",
-        help=f"a first look: {QUICK['rounds']} round of {QUICK['steps']} steps at caps "
-        f"{','.join(f'{c:g}' for c in QUICK['caps'])} (where --rounds, --steps, --caps are not "
-        "given)",
+        help=f"a first look: {QUICK['rounds']} round of {QUICK['steps']} steps (where --rounds "
+        "and --steps are not given); both phases of the default, or with explicit settings caps "
+        f"{','.join(f'{c:g}' for c in QUICK['caps'])} where --caps is not given",
     )  # fmt: skip
     p.add_argument("--cpus", type=common.number(0, strict=True), metavar="CORES",
                    help="every node's CPU limit in cores (default: none)")  # fmt: skip
@@ -150,11 +144,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     common.add_job_flags(p, _TRAIN_FIELDS, TRAIN_DEFAULTS, "one configuration (one round of it)")
 
 
+def _phased(args: argparse.Namespace, train: TrainConfig) -> bool:
+    """The default's two phases, unless a setting of the link or workload was given (the
+    values left at their defaults: a single-phase sweep of every cap, overlap on and off)."""
+    workload = (train.model, train.batch_size, train.backward_delay_ms)
+    return (
+        args.caps == DEFAULT_CAPS and args.rate_mbit == DEFAULT_RATE_MBIT
+        and args.timeline_cap is None
+        and workload == (TRAIN_DEFAULTS.model, TRAIN_DEFAULTS.batch_size, 0.0)
+    )  # fmt: skip
+
+
 def plan(args: argparse.Namespace) -> LatencyPlan:
     fields = [*_TRAIN_FIELDS, "backward_delay_ms", "collective_timeout_s"]
     train = config_from_args(args, fields, TRAIN_DEFAULTS)
+    phased = _phased(args, train)
     if args.quick:  # only what was left at its default
-        args.caps = QUICK["caps"] if args.caps == DEFAULT_CAPS else args.caps
+        if not phased:
+            args.caps = QUICK["caps"] if args.caps == DEFAULT_CAPS else args.caps
         args.rounds = QUICK["rounds"] if args.rounds == _ROUNDS else args.rounds
         if train.steps == TRAIN_DEFAULTS.steps:
             train = train.replace(steps=QUICK["steps"])
@@ -165,7 +172,7 @@ def plan(args: argparse.Namespace) -> LatencyPlan:
         train=train, timeline_cap=args.timeline_cap,
         run_timeout_s=args.run_timeout, image=args.image, runs_dir=args.runs_dir,
         progress=args.progress, impair=common.impairments(args),
-        node_ms=tuple(args.node_ms or ()), cpus=args.cpus,
+        node_ms=tuple(args.node_ms or ()), cpus=args.cpus, phased=phased,
     )  # fmt: skip
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ddp.torchfree import RankLog, StepRecord
 
-__all__ = ["ConfigStats", "Row", "derive_rows", "summarize"]
+__all__ = ["ConfigStats", "Row", "derive_rows", "phase_groups", "summarize"]
 
 Logs = Mapping[int, RankLog]
 
@@ -29,6 +29,24 @@ class ConfigStats:
     median_step_ms: float
     median_comm_ms: float  # slowest rank's wait for allreduces after backward, median
     steps_measured: int
+    auto_caps: tuple[float, ...] = ()  # bucket_cap_mb="auto": the cap chosen, per run
+
+
+def _auto_cap(logs: Logs) -> float | None:
+    """The cap ``bucket_cap_mb="auto"`` chose: on the step that rebuilt the buckets (a warm-up
+    step), the same on every rank."""
+    return next(
+        (float(r.auto_cap["cap_mb"]) for log in logs.values() for r in log.steps if r.auto_cap),
+        None,
+    )
+
+
+def _calls(calls: set[int], auto: bool) -> int:
+    """The allreduce calls per step of a configuration's runs: one number, but the auto cap
+    may choose differently in different runs (then the most buckets, the worst case)."""
+    if len(calls) != 1 and not (auto and calls):
+        raise ValueError(f"runs of one configuration disagree on allreduce calls: {calls}")
+    return max(calls)
 
 
 def _complete_steps(logs: Logs, warmup: int, where: str) -> dict[int, list[StepRecord]]:
@@ -54,6 +72,7 @@ def summarize(runs: Sequence[tuple[str, Logs]], warmup: int) -> ConfigStats:
     calls: set[int] = set()
     step_ms: list[float] = []
     comm_ms: list[float] = []
+    autos: list[float] = []
     for where, logs in runs:
         if not logs:
             raise ValueError(f"{where}: no rank logs")
@@ -65,26 +84,28 @@ def summarize(runs: Sequence[tuple[str, Logs]], warmup: int) -> ConfigStats:
         if None in counts:  # logs of a ddp that did not record it: the construction plan
             counts = {c.num_buckets for c in configs if c is not None}
         calls.update(n for n in counts if n is not None)
+        autos += [cap for cap in [_auto_cap(logs)] if cap is not None]
         step_ms += [max(r.step_ms for r in recs) for _, recs in sorted(measured.items())]
         comm_ms += [max(r.comm_ms for r in recs) for _, recs in sorted(measured.items())]
-    if len(calls) != 1:
-        raise ValueError(f"runs of one configuration disagree on allreduce calls: {calls}")
     return ConfigStats(
-        calls=calls.pop(),
+        calls=_calls(calls, bool(autos)),
         median_step_ms=statistics.median(step_ms),
         median_comm_ms=statistics.median(comm_ms),
         steps_measured=len(step_ms),
+        auto_caps=tuple(autos),
     )
 
 
 @dataclass(frozen=True)
 class Row:
-    """One line of the table / CSV. ``cap_mb`` and ``overlap`` are None for the no-sync floor;
-    ``parity`` is None where it does not apply (no sync: replicas drift by design)."""
+    """One line of the table / CSV. ``cap_mb`` and ``overlap`` are None for the no-sync floor,
+    ``cap_mb`` "auto" for the auto cap (``auto_caps``: what it chose, per round); ``parity`` is
+    None where it does not apply (no sync: replicas drift by design); ``phase`` the phase's
+    key in a two-phase sweep; ``samples`` the global samples per optimizer step."""
 
     ms: float
     config: str
-    cap_mb: float | None
+    cap_mb: float | str | None
     overlap: bool | None
     calls: int
     median_step_ms: float
@@ -93,10 +114,31 @@ class Row:
     parity: bool | None
     exposed_comm_ms: float = math.nan
     speedup_vs_per_parameter: float = math.nan
+    phase: str = ""
+    accumulate: int = 1
+    samples: int = 0
+    auto_caps: tuple[float, ...] = ()
 
     @property
     def is_floor(self) -> bool:
         return self.cap_mb is None
+
+    @property
+    def is_auto(self) -> bool:
+        return self.cap_mb == "auto"
+
+    @property
+    def is_bucketed(self) -> bool:
+        """A fixed cap above 0 (not per-parameter, not the auto cap, not the floor)."""
+        return isinstance(self.cap_mb, int | float) and self.cap_mb > 0
+
+    @property
+    def comm_ms_per_sample(self) -> float:
+        """Communication wait per sample of the step: what accumulation divides by K."""
+        return self.median_comm_ms / self.samples if self.samples else math.nan
+
+    def ms_per_sample(self) -> float:
+        return self.median_step_ms / self.samples if self.samples else self.median_step_ms
 
     @property
     def parity_text(self) -> str:
@@ -104,18 +146,35 @@ class Row:
 
 
 def derive_rows(rows: list[Row]) -> list[Row]:
-    """Fill exposed communication and speedup vs per-parameter, per latency value."""
+    """Fill exposed communication (not for accumulation: its floor would be K micro-batches)
+    and speedup vs per-parameter (per sample), per latency value and phase."""
     out = []
     for row in rows:
-        same_ms = [r for r in rows if r.ms == row.ms]
-        floor = next((r for r in same_ms if r.is_floor), None)
-        exposed = row.median_step_ms - floor.median_step_ms if floor else math.nan
+        same = [r for r in rows if (r.ms, r.phase) == (row.ms, row.phase)]
+        floor = next((r for r in same if r.is_floor), None)
+        exposed = math.nan
+        if floor and row.accumulate == 1:
+            exposed = row.median_step_ms - floor.median_step_ms
         speedup = math.nan
         if not row.is_floor:
-            base = next((r for r in same_ms if r.cap_mb == 0 and r.overlap == row.overlap), None)
+            base = next(
+                (
+                    r
+                    for r in same
+                    if r.cap_mb == 0 and r.overlap == row.overlap and r.accumulate == 1
+                ),
+                None,
+            )
             if base is not None:
-                speedup = base.median_step_ms / row.median_step_ms
+                speedup = base.ms_per_sample() / row.ms_per_sample()
         out.append(
             dataclasses.replace(row, exposed_comm_ms=exposed, speedup_vs_per_parameter=speedup)
         )
     return out
+
+
+def phase_groups(rows: Sequence[Row], ms: float) -> list[list[Row]]:
+    """The rows at delay ``ms``, one list per phase in run order (one list in a single-phase
+    sweep): the ratios compare configurations within a phase, on one link and workload."""
+    keys = dict.fromkeys(r.phase for r in rows if r.ms == ms)
+    return [[r for r in rows if r.ms == ms and r.phase == key] for key in keys]

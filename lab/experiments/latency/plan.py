@@ -1,10 +1,12 @@
-"""``lab latency``'s plan: the link delays, the configurations run at each, and the training
-config of every one of them, validated before any container exists.
+"""``lab latency``'s plan: the link delays, the phases and configurations run at each, and the
+training config of every one of them, validated before any container exists.
 
-Configurations differ only in bucket cap, overlap and sync mode: each one's ``TrainConfig`` is
-the sweep's base config with those fields replaced (same model, seed, data, steps and simulated
-compute). The no-sync floor (no communication at all) runs first in each round; it is what
-"exposed communication" is measured from. Pure: tested without Docker.
+Configurations differ only in bucket cap, overlap, accumulation and sync mode: each one's
+``TrainConfig`` is its phase's base config with those fields replaced (same model, seed, data,
+steps and simulated compute). The no-sync floor (no communication at all) runs first in each
+round of a phase; it is what "exposed communication" is measured from. A single-phase sweep
+(explicit settings) runs one phase per delay; the default (``phased``) two per delay
+(:mod:`.phases`). Pure: tested without Docker.
 """
 
 from __future__ import annotations
@@ -17,6 +19,12 @@ from ddp.torchfree import TrainConfig
 from lab.args import check_finite, check_job, check_warmup
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE
+from lab.experiments.latency.phases import (
+    Configuration,
+    Phase,
+    default_phases,
+    sweep_configurations,
+)
 from lab.shaping.impair import Impairments
 from lab.shaping.registry import CHOICES
 
@@ -28,12 +36,15 @@ __all__ = [
     "TRAIN_DEFAULTS",
     "Configuration",
     "LatencyPlan",
+    "Phase",
     "Planned",
     "job_name",
 ]
 
-# The default workload is chosen so that both bucketing and overlap pay with real CPU compute
-# (docs/experiments/latency.md, "Why this default"). Overlap hides an allreduce only behind
+# The default runs two phases (.phases): bucketing pays where allreduces are latency-bound, overlap
+# where they are bandwidth-bound, and no one workload on this host shows both strongly
+# (docs/experiments/latency.md, "Why this default"). What follows is the bandwidth-bound
+# phase's workload, and a single-phase sweep's defaults. Overlap hides an allreduce only behind
 # the backward that runs after its bucket filled, and never the last bucket's, so backward
 # must last about as long as the communication, and the communication must be bandwidth-bound
 # and serial (a rate cap), or the no-overlap side merges everything into one latency-bound
@@ -48,7 +59,7 @@ DEFAULT_RATE_MBIT = 20.0
 # the first fills after 1/6 of backward, the last holds the small first layers); 25: torch's
 # default cap, one bucket here, which overlap cannot help.
 DEFAULT_CAPS = (0.0, 0.15, 25.0)  # MB
-# --quick: one round of fewer steps, per-parameter vs the overlap cap only.
+# --quick: one round of fewer steps (a single-phase sweep: per-parameter vs the overlap cap).
 QUICK = {"steps": 5, "rounds": 1, "caps": (0.0, 0.15)}
 # The collective timeout is well below the run timeout, so a rank that lost a peer says so
 # (its diagnosis) before lab stops the configuration.
@@ -56,42 +67,10 @@ TRAIN_DEFAULTS = TrainConfig(model="tower", steps=6, batch_size=2048, seed=0,
                              collective_timeout_s=60.0)  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Configuration:
-    """One configuration of the sweep: a bucket cap and overlap, or (cap None) the floor."""
-
-    cap_mb: float | None
-    overlap: bool | None = None
-
-    @property
-    def is_floor(self) -> bool:
-        return self.cap_mb is None
-
-    @property
-    def name(self) -> str:
-        """File-safe: part of the configuration's job name (its directory in the run)."""
-        if self.cap_mb is None:
-            return "nosync"
-        return f"cap{self.cap_mb:g}-{'overlap' if self.overlap else 'nooverlap'}"
-
-    @property
-    def label(self) -> str:
-        if self.cap_mb is None:
-            return "no sync (floor)"
-        what = "per-parameter" if self.cap_mb == 0 else f"cap {self.cap_mb:g} MB"
-        return f"{what}, overlap {'on' if self.overlap else 'off'}"
-
-    def train_config(self, base: TrainConfig) -> TrainConfig:
-        """``base`` with this configuration's fields. The floor keeps the simulated backward
-        compute too, so exposed communication stays step time minus floor."""
-        if self.cap_mb is None:
-            return base.replace(sync="none")
-        return base.replace(bucket_cap_mb=self.cap_mb, overlap=bool(self.overlap))
-
-
-def job_name(conf: Configuration, ms: float, round_: int) -> str:
-    """The job of one run of a configuration: ``runs/<run-id>/<job>/``."""
-    return f"{ms:g}ms-{conf.name}-r{round_}"
+def job_name(conf: Configuration, ms: float, round_: int, phase: str = "") -> str:
+    """The job of one run of a configuration: ``runs/<run-id>/<job>/`` (``phase``: the phase's
+    key in a two-phase sweep)."""
+    return f"{ms:g}ms-{phase + '-' if phase else ''}{conf.name}-r{round_}"
 
 
 @dataclass(frozen=True)
@@ -103,6 +82,7 @@ class Planned:
     conf: Configuration
     job: str
     train: TrainConfig
+    phase: Phase | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +105,9 @@ class LatencyPlan:
     impair: Impairments = field(default_factory=Impairments)  # jitter, loss on every node
     node_ms: tuple[tuple[int, float], ...] = ()  # (node, ms): a node whose delay differs
     cpus: float | None = None  # every node's CPU limit in cores (None: no limit)
+    # The default: two phases per delay (.phases.default_phases; rate_mbit and train are then
+    # the bandwidth-bound phase's, caps unused); False: one phase per delay, every cap on/off.
+    phased: bool = False
 
     def __post_init__(self) -> None:
         if not self.ms:
@@ -165,28 +148,44 @@ class LatencyPlan:
             raise ValueError(
                 f"--cpus must be a finite number > 0 (cores per node), got {self.cpus!r}"
             )
-        check_job(self.train, self.run_timeout_s, self.nodes, "configuration")
+        for phase in self.phases():
+            check_job(phase.train, self.run_timeout_s, self.nodes, "configuration")
 
     @property
     def layout(self) -> Layout:
         return Layout(self.nodes, 1)
 
-    def configurations(self) -> list[Configuration]:
-        """At each delay, in order: the floor, then per cap overlap on and off (adjacent, so
-        slow drift of the shared host's load hits both alike)."""
-        confs = [Configuration(None)]
-        for cap in self.caps:
-            confs += [Configuration(cap, True), Configuration(cap, False)]
-        return confs
+    def phases(self) -> list[Phase]:
+        """Every phase, in run order: per delay, the default's two phases (``phased``), or one
+        phase of every cap with overlap on and off on the plan's link."""
+        if self.phased:
+            return [p for ms in self.ms for p in default_phases(ms, self.train, self.rate_mbit)]
+        confs = sweep_configurations(self.caps)
+        return [Phase(ms, self.rate_mbit, self.train, confs) for ms in self.ms]
 
-    def jobs(self, ms: float) -> list[Planned]:
-        """The jobs at one delay: every round runs every configuration."""
+    def configurations(self) -> list[Configuration]:
+        """The configurations of every phase at a delay, in order (the floor first)."""
+        return [c for p in self.phases() if p.ms == self.ms[0] for c in p.configurations]
+
+    def jobs(self, setting: Phase | float) -> list[Planned]:
+        """The jobs of one phase (or of a single-phase sweep's delay): every round runs every
+        configuration, interleaved, so slow drift of the host's load hits all alike."""
+        phase = setting
+        if not isinstance(phase, Phase):
+            phase = Phase(setting, self.rate_mbit, self.train, sweep_configurations(self.caps))
         return [
-            Planned(ms, r, conf, job_name(conf, ms, r), conf.train_config(self.train))
+            Planned(
+                phase.ms,
+                r,
+                c,
+                job_name(c, phase.ms, r, phase.key),
+                c.train_config(phase.train),
+                phase,
+            )
             for r in range(1, self.rounds + 1)
-            for conf in self.configurations()
+            for c in phase.configurations
         ]
 
     @property
     def total(self) -> int:
-        return len(self.ms) * self.rounds * len(self.configurations())
+        return self.rounds * sum(len(p.configurations) for p in self.phases())

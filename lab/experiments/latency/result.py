@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lab.experiments.latency.analysis import ConfigStats
-from lab.experiments.latency.plan import Configuration, LatencyPlan
+from lab.experiments.latency.plan import Configuration, LatencyPlan, Phase
 from lab.experiments.reporting import SweepResult as _Sweep
 
 __all__ = ["ConfigRun", "LinkReport", "SweepResult"]
@@ -16,7 +16,8 @@ __all__ = ["ConfigRun", "LinkReport", "SweepResult"]
 
 @dataclass
 class LinkReport:
-    """The verified link of one delay (``shaper`` "none" when nothing was shaped)."""
+    """The verified link of one delay, or of one phase (``phase``: its key) in a two-phase
+    sweep (``shaper`` "none" when nothing was shaped)."""
 
     ms: float
     shaper: str
@@ -25,6 +26,7 @@ class LinkReport:
     rtt_p50_ms: float | None = None
     rtt_p90_ms: float | None = None
     baseline_p50_ms: float | None = None
+    phase: str = ""
 
 
 @dataclass
@@ -40,6 +42,11 @@ class ConfigRun:
     stats: ConfigStats
     parity: bool | None  # None for the floor: replicas drift by design
     seconds: float
+    phase: Phase | None = None  # None: a single-phase sweep's run (before phases existed)
+
+    @property
+    def phase_key(self) -> str:
+        return self.phase.key if self.phase else ""
 
 
 class SweepResult(_Sweep[LatencyPlan, LinkReport, ConfigRun]):

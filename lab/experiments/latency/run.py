@@ -21,11 +21,15 @@ from lab.words import count
 __all__ = ["run"]
 
 
+def _in(p: Planned) -> str:
+    return f", {p.phase.title} phase" if p.phase and p.phase.key else ""
+
+
 def _run_config(cluster: Cluster, plan: LatencyPlan, p: Planned, echo: Callable) -> ConfigRun:
     started = time.monotonic()
     job = train_to_end(
         cluster, p.job, p.train, plan.run_timeout_s, progress=plan.progress, echo=echo,
-        where=f"{p.conf.label} at {p.ms:g} ms (round {p.round})",
+        where=f"{p.conf.label} at {p.ms:g} ms{_in(p)} (round {p.round})",
         slow_hint="a low --rate-mbit makes steps slow", broken_parity_ok=True,
     )  # fmt: skip
     logs = {rank: RankLog(rank, records) for rank, records in job.records.items()}
@@ -34,22 +38,28 @@ def _run_config(cluster: Cluster, plan: LatencyPlan, p: Planned, echo: Callable)
     if not p.conf.is_floor:
         parity = holds(job) and all(code == 0 for code in job.codes.values())
     return ConfigRun(p.conf, p.ms, p.round, p.job, job.codes, stats, parity,
-                     time.monotonic() - started)  # fmt: skip
+                     time.monotonic() - started, p.phase)  # fmt: skip
 
 
 def _header(result: SweepResult) -> str:
     plan: LatencyPlan = result.plan
+    at = f"at {', '.join(f'{m:g}' for m in plan.ms)} ms"
+    if plan.phased:
+        phases = plan.phases()[:2]
+        what = ", ".join(f"{p.title} {len(p.configurations)}" for p in phases)
+        confs = f"2 phases ({what} configurations)"
+    else:
+        confs = f"model {plan.train.model}, {count(len(plan.configurations()), 'configuration')}"
     return (
-        f"run {result.run_id}: {count(plan.nodes, 'node')}, model {plan.train.model}, "
-        f"{count(len(plan.configurations()), 'configuration')} x {count(plan.rounds, 'round')} x "
-        f"{count(plan.train.steps, 'step')} at {', '.join(f'{m:g}' for m in plan.ms)} ms; "
+        f"run {result.run_id}: {count(plan.nodes, 'node')}, {confs} x "
+        f"{count(plan.rounds, 'round')} x {count(plan.train.steps, 'step')} {at}; "
         f"output in {result.run_dir}/"
     )
 
 
 def run(plan: LatencyPlan, echo: Callable[[str], None] = print) -> SweepResult:
-    """Start the nodes, shape and verify each delay, run every configuration; the cluster
+    """Start the nodes, shape and verify each phase's link, run its configurations; the cluster
     collects the logs into ``runs_dir/<run-id>/<job>/`` and removes everything, always."""
     cpus = {n: plan.cpus for n in range(plan.nodes)} if plan.cpus else None
-    return run_sweep(plan, plan.ms, new_result=SweepResult, header=_header, link=link,
+    return run_sweep(plan, plan.phases(), new_result=SweepResult, header=_header, link=link,
                      run_job=_run_config, describe=describe, echo=echo, cpus=cpus)  # fmt: skip
