@@ -35,8 +35,8 @@ def test_defaults_and_quick():
     q = _plan(["--quick"])
     assert (q.rounds, q.train.steps, q.quick) == (QUICK["rounds"], QUICK["steps"], True)
     # --quick changes only what was not given
-    q = _plan(["--quick", "--rounds", "3", "--steps", "12", "--rate-mbit", "100"])
-    assert (q.rounds, q.train.steps, q.rate_mbit) == (3, 12, 100.0)
+    q = _plan(["--quick", "--rounds", "3", "--steps", "14", "--rate-mbit", "100"])
+    assert (q.rounds, q.train.steps, q.rate_mbit) == (3, 14, 100.0)
     assert q.link_text == "5 ms, 100 Mbit/s" and p.link_text == "5 ms"
 
 
@@ -54,6 +54,9 @@ def test_five_configurations_as_train_config_variants_torch_first_every_round():
     assert by["hierarchical"].comm_hook == "hierarchical"
     assert by["hierarchical-fp16"].comm_hook == "hierarchical-fp16"
     assert by["auto"].bucket_cap_mb == "auto" and by["auto"].wrapper == "ours"
+    # one cap for the others, given by --bucket-cap-mb (default: one bucket per tensor)
+    assert {by[n].bucket_cap_mb for n in by if n != "auto"} == {TRAIN_DEFAULTS.bucket_cap_mb}
+    assert _plan(["--bucket-cap-mb", "0.5"]).train.bucket_cap_mb == 0.5
     # the same data, model and steps everywhere: only the configuration's fields differ
     for train in by.values():
         assert (train.model, train.seed, train.steps, train.batch_size) == (
@@ -83,6 +86,7 @@ _BAD = [  # field of the plan, its bad value, what the error says
     ("train", TRAIN_DEFAULTS.replace(batch_size=6), "not divisible by the world size 4"),
     ("train", TRAIN_DEFAULTS.replace(comm_hook="fp16"), "the base training config must"),
     ("train", TRAIN_DEFAULTS.replace(wrapper="torch"), "the base training config must"),
+    ("train", TRAIN_DEFAULTS.replace(bucket_cap_mb="auto"), "--bucket-cap-mb auto: the auto"),
 ]
 
 
@@ -105,6 +109,7 @@ def test_ms_zero_with_a_rate_is_a_link():
         (["--rate-mbit", "0"], "expected a finite number > 0"),
         (["--steps", "3"], "--steps must exceed the 3 warm-up steps"),
         (["--nodes", "3"], "--batch-size 64 is not divisible by the world size 6"),
+        (["--bucket-cap-mb", "auto"], "the auto configuration chooses its own cap"),
     ],
 )
 def test_bad_flags_exit_2_before_any_container(argv, message, capsys):
@@ -117,3 +122,4 @@ def test_help_says_why_and_what_the_last_line_is():
     epilog = " ".join(topology.EPILOG.split())
     assert "step time vs torch DDP (2 nodes x 2 ranks, 5 ms): hierarchical" in epilog
     assert "topology.png" in epilog and "eth0-node<N>.txt" in epilog
+    assert "one bucket per tensor (--bucket-cap-mb 0" in epilog  # why the default workload

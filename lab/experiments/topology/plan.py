@@ -48,10 +48,16 @@ CONFIGURATIONS = (
 )
 BASELINE = CONFIGURATIONS[0]  # what every configuration's step time is compared with
 
-# The deep MLP: 2.67 MB of float32 gradient per step in 24 tensors (two buckets at torch's
-# 25 MB cap), about 10 ms of compute per step at a global batch of 64: with 5 ms one-way
-# between the nodes the allreduces, not the compute, set the step time.
-TRAIN_DEFAULTS = TrainConfig(model="deep", steps=20, batch_size=64, seed=0,
+# The network must set the step time, so the default makes many latency-bound allreduces out
+# of little compute: the deep MLP (24 tensors, 2.67 MB, about 4 ms of forward+backward per
+# rank at a local batch of 16) with one bucket per tensor (cap 0, the same for every
+# configuration but auto). A flat allreduce across the 5 ms link costs about 60 ms whatever its
+# size up to a few hundred KB (gloo's ring waits on the link at each of its 2(N-1) steps), so
+# 24 of them make a step of about a second on the flat ring, and the two-level allreduce's 2
+# steps across the link show in full. Its twelve 256 KB weights keep bytes in play: with
+# --rate-mbit they dominate and the fp16 leg pays. 12 steps: wall time is mostly the ranks'
+# start (importing torch, four ranks on two cores), so more rounds buy more than more steps.
+TRAIN_DEFAULTS = TrainConfig(model="deep", steps=12, batch_size=64, seed=0, bucket_cap_mb=0.0,
                              collective_timeout_s=60.0)  # fmt: skip
 
 
@@ -111,6 +117,9 @@ class TopologyPlan:
         if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
             raise ValueError(f"--rounds must be an integer >= 1, got {self.rounds!r}")
         base = self.train
+        if base.bucket_cap_mb == "auto":
+            raise ValueError("--bucket-cap-mb auto: the auto configuration chooses its own cap; "
+                             "give the number every other configuration uses")  # fmt: skip
         if (base.wrapper, base.comm_hook, base.sync) != ("ours", "none", "allreduce"):
             raise ValueError("the base training config must be ours, a plain allreduce, no hook: "
                              "the configurations set wrapper and comm_hook themselves")  # fmt: skip
