@@ -7,8 +7,8 @@ gradients become ready, and torch's 25 MB default is a guess for neither.
 
 The model: one allreduce of ``n`` bytes takes ``latency_s + n / bytes_per_s`` (fitted from
 timed allreduces of a few sizes); buckets fill in gradient-ready order and close once they hold
-``cap`` bytes; each starts when its last gradient is ready and when the previous one has
-finished (the reducer launches them in order and gloo runs them one after another); the step's
+``cap`` bytes; each starts when its last gradient is ready and a gloo worker is free (two run
+at once: their latencies overlap, their bytes take turns on the link); the step's
 communication ends when the last bucket's does. The cap with the earliest end wins. Pure: the
 wrapper feeds it rank 0's measurements and broadcasts the choice, so every rank rebuilds the
 same plan.
@@ -19,8 +19,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["CANDIDATE_CAPS_MB", "CapChoice", "LinkModel", "choose_cap", "fit_link", "predict"]
+__all__ = [
+    "CANDIDATE_CAPS_MB",
+    "IN_FLIGHT",
+    "CapChoice",
+    "LinkModel",
+    "choose_cap",
+    "fit_link",
+    "predict",
+]
 
+# ProcessGroupGloo's default worker threads: how many collectives of a group run at once
+IN_FLIGHT = 2
 # 0 is one bucket per gradient; the rest span latency-bound to bandwidth-bound links
 CANDIDATE_CAPS_MB = (0.0, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 25.0)
 _MB = 1024 * 1024
@@ -83,11 +93,18 @@ def _buckets(ready: Sequence[tuple[float, int]], cap_bytes: float) -> list[tuple
 
 def predict(ready: Sequence[tuple[float, int]], link: LinkModel, cap_mb: float) -> float:
     """When the last bucket's allreduce ends, in seconds after backward began, given each
-    gradient's (ready time, bytes) in the order they became ready."""
-    end = 0.0
+    gradient's (ready time, bytes) in the order they became ready.
+
+    gloo runs ``IN_FLIGHT`` collectives of a group at once (its worker threads): a bucket
+    starts once it is ready and the bucket ``IN_FLIGHT`` places before it has ended, so their
+    latencies overlap; their bytes share the link, one bucket's after the other's."""
+    ends: list[float] = []
+    wire = 0.0  # when the link has carried every byte so far
     for ready_at, nbytes in _buckets(sorted(ready), cap_mb * _MB):
-        end = max(end, ready_at) + link.seconds(nbytes)
-    return end
+        start = max(ready_at, ends[-IN_FLIGHT] if len(ends) >= IN_FLIGHT else 0.0)
+        wire = max(wire, start) + nbytes / link.bytes_per_s
+        ends.append(wire + link.latency_s)
+    return max(ends, default=0.0)
 
 
 def choose_cap(

@@ -33,11 +33,11 @@ def test_fit_needs_two_sizes_and_clamps_noise():
 
 
 def test_latency_bound_link_picks_one_big_bucket():
-    # 80 gradients of 14 KB on a 10 ms, 10 GB/s link: each call is all latency
+    # 80 gradients of 14 KB on a 20 ms, 10 GB/s link: each call is all latency
     ready = _backward(80, 14 * KB, 0.4)
-    choice = choose_cap(ready, LinkModel(0.010, 1e10))
+    choice = choose_cap(ready, LinkModel(0.020, 1e10))
     assert choice.cap_mb >= 1.0
-    assert choice.predicted_s[0.0] >= 80 * 0.010  # per-parameter queues 80 calls
+    assert choice.predicted_s[0.0] >= 80 * 0.020 / 2  # per-parameter: 80 calls, two at a time
 
 
 def test_bandwidth_bound_link_with_spread_backward_picks_small_buckets():
@@ -52,7 +52,7 @@ def test_bandwidth_bound_link_with_spread_backward_picks_small_buckets():
 
 def test_mixed_link_lands_between_the_extremes():
     ready = _backward(80, 14 * KB, 0.4)
-    choice = choose_cap(ready, LinkModel(0.005, 20e6 / 8))
+    choice = choose_cap(ready, LinkModel(0.015, 20e6 / 8))  # 80 calls outrun two at a time
     assert 0.0 < choice.cap_mb < 25.0
     # what the model says is what it picks: no candidate predicts more than 1% less
     best = min(choice.predicted_s.values())
@@ -65,5 +65,10 @@ def test_predict_serialises_buckets_and_waits_for_readiness():
     assert predict([(0.0, 10), (5.0, 10)], link, 0.0) == pytest.approx(6.0)
     # one bucket for both: it starts when the later one is ready
     assert predict([(0.0, 10), (5.0, 10)], link, 25.0) == pytest.approx(6.0)
-    assert predict([(0.0, 10), (0.5, 10)], link, 0.0) == pytest.approx(2.0)
+    # two in flight: the second starts when ready, not when the first ends
+    assert predict([(0.0, 10), (0.5, 10)], link, 0.0) == pytest.approx(1.5)
     assert predict([(0.0, 10), (0.5, 10)], link, 25.0) == pytest.approx(1.5)
+    # a third waits for the first to end; bytes take turns on the link
+    assert predict([(0.0, 10), (0.0, 10), (0.0, 10)], link, 0.0) == pytest.approx(2.0)
+    wire = LinkModel(0.0, 10.0)  # 1 s per 10 bytes, no latency
+    assert predict([(0.0, 10), (0.0, 10)], wire, 0.0) == pytest.approx(2.0)
