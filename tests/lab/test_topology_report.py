@@ -135,3 +135,19 @@ def test_logs_without_samples_around_the_steps_exit_1(tmp_path, capsys):
     result.runs[0].counters = {0: "1.0 0 0\n2.0 10 5\n", 1: "1.0 0 0\n2.0 10 5\n"}
     assert report_sweep(result, outputs.write_outputs, closing) == 1
     assert "not at 1004.000" in capsys.readouterr().err
+
+
+def test_the_report_writes_its_page_and_summary(tmp_path, capsys):
+    from lab.experiments import topology
+    from lab.report.summary import read_summary
+
+    result = _result(tmp_path)
+    assert topology.report(result) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith("step time vs torch DDP (2 nodes x 2 ranks, 5 ms): hierarchical")
+    page = (result.run_dir / "report.html").read_text()
+    assert "lab topology: run" in page and "parity holds in every job" in page
+    assert "data:image/png;base64," in page  # the figure is inside the file
+    summary = read_summary(result.run_dir)
+    assert summary.experiment == "topology" and summary.ok is True
+    assert summary.figure.startswith("hierarchical ") and "torch DDP" in summary.configs

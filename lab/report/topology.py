@@ -1,0 +1,54 @@
+"""``lab topology``'s page: every configuration's step time against torch's DDP as the
+headline, the table (step time, cross-node bytes measured on the link, parity), the figure,
+the verified link and every rank's exit. From the run's result and its outputs (rows)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ddp.torchfree import Headline, Page, Section, Table
+from lab.report.common import command_line, figures_section, ranks_section
+from lab.report.results import Results
+from lab.report.summary import RunSummary, started_at
+
+__all__ = ["topology_results"]
+
+_HEADERS = ("configuration", "median step ms", "per round", "cross-node MB/step", "buckets",
+            "speedup vs torch", "max|dparam|", "parity")  # fmt: skip
+_FILES = [("topology.txt", "the table and the headline"), ("topology.csv", "the table"),
+          ("topology.json", "settings, definitions, the link, every job")]  # fmt: skip
+
+
+def _cell(value: float | None) -> object:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
+def topology_results(result: Any, out: Any, broken: str) -> Results:
+    from lab.experiments.topology.text import headline_line
+
+    plan = result.plan
+    rows = [[r.label, r.median_step_ms, "/".join(f"{m:.0f}" for m in r.round_step_ms),
+             _cell(r.cross_mb_per_step), _cell(r.buckets), _cell(r.speedup_vs_torch),
+             _cell(r.max_param_diff), "holds" if r.parity else "BROKEN"]
+            for r in out.rows]  # fmt: skip
+    links = [[lk.shaper, lk.line, lk.note] for lk in result.links]
+    problems: list[str] = []
+    where = f"{plan.layout.describe()}, {plan.link_text} between nodes, model {plan.train.model}"
+    sections = [
+        Section("Per configuration", [Table(_HEADERS, rows, f"{where}; medians over the rounds; "
+                                            "cross-node bytes from each node's eth0 counters")]),
+        figures_section(result.run_dir, [("topology.png", "step time per configuration")]),
+        Section("The link between the nodes, as the probe measured it",
+                [Table(("shaper", "probe", "note"), links)]),
+        ranks_section(result.run_dir, {r.job: r.codes for r in result.runs}, problems),
+    ]  # fmt: skip
+    figure = headline_line(out.rows, plan).split(": ", 1)[-1]
+    verdict = broken or "parity holds in every job"
+    command = command_line("topology")
+    page = Page(f"lab topology: run {result.run_id}", Headline(command, verdict, figure,
+                not broken), sections, problems=problems)  # fmt: skip
+    configs = {r.label: r.median_step_ms for r in out.rows}
+    summary = RunSummary("topology", result.run_id, command, started_at(result.seconds),
+                         result.seconds, figure, verdict, not broken, configs)  # fmt: skip
+    return Results(page, summary, list(_FILES), [r.job for r in result.runs])
