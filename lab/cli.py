@@ -70,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ddp.torchfree import LogError
     from lab.engine import cluster
     from lab.engine.client import LabError
+    from lab.report.guard import guarded
 
     parser, subparsers = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -82,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         subparsers[args.command].error(str(e))
     try:
-        return mod.report(mod.run(plan))
+        # guarded: a run that raises after its cluster started still leaves its failure page
+        return mod.report(guarded(mod.NAME, mod.run)(plan))
     except (LabError, LogError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

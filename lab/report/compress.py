@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp.torchfree import Headline, Page, Section, Table, Text
-from lab.report.common import command_line, figures_section, ranks_section
-from lab.report.results import Results
-from lab.report.summary import RunSummary, started_at
+from ddp.torchfree import Section, Table, Text
+from lab.report.common import figures_section, ranks_section
+from lab.report.results import Results, sweep_results
 
 __all__ = ["compress_results"]
 
@@ -51,10 +50,6 @@ def compress_results(result: Any, out: Any, broken: str) -> Results:
     ]  # fmt: skip
     figure = "; ".join(_pays(c) for c in out.crossovers if c.hook != "none")
     verdict = broken or "replicas identical in every job"
-    command = command_line("compress")
-    page = Page(f"lab compress: run {result.run_id}", Headline(command, verdict, figure,
-                not broken), sections, problems=problems)  # fmt: skip
     configs = {f"{r.rate_mbit:g} Mbit/s, {r.hook}": r.median_step_ms for r in out.rows}
-    summary = RunSummary("compress", result.run_id, command, started_at(result.seconds),
-                         result.seconds, figure, verdict, not broken, configs)  # fmt: skip
-    return Results(page, summary, list(_FILES), [r.job for r in result.runs])
+    return sweep_results("compress", result, sections, problems, (verdict, figure, not broken),
+                         configs, _FILES, [r.job for r in result.runs])  # fmt: skip

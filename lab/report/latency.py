@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp.torchfree import Headline, Page, Section, Table, Text
-from lab.report.common import command_line, figures_section, ranks_section
-from lab.report.results import Results, ratio_text
-from lab.report.summary import RunSummary, started_at
+from ddp.torchfree import Section, Table, Text
+from lab.report.common import figures_section, ranks_section
+from lab.report.results import Results, ratio_text, sweep_results
 
 __all__ = ["latency_results"]
 
@@ -67,10 +66,7 @@ def latency_results(result: Any, out: Any, broken: str) -> Results:
         ranks_section(result.run_dir, {run.job: run.codes for run in result.runs}, problems),
     ]  # fmt: skip
     verdict = broken or "parity holds in every allreduce configuration"
-    command, figure = command_line("latency"), _figure(out.headlines)
-    page = Page(f"lab latency: run {result.run_id}", Headline(command, verdict, figure,
-                not broken), sections, problems=problems)  # fmt: skip
+    figure = _figure(out.headlines)
     configs = {f"{r.ms:g} ms, {r.config}": r.median_step_ms for r in out.rows}
-    summary = RunSummary("latency", result.run_id, command, started_at(result.seconds),
-                         result.seconds, figure, verdict, not broken, configs)  # fmt: skip
-    return Results(page, summary, list(_FILES), [run.job for run in result.runs])
+    return sweep_results("latency", result, sections, problems, (verdict, figure, not broken),
+                         configs, _FILES, [run.job for run in result.runs])  # fmt: skip

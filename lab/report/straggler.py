@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp.torchfree import Headline, Page, Section, Table, Text
-from lab.report.common import command_line, figures_section, ranks_section
-from lab.report.results import Results
-from lab.report.summary import RunSummary, started_at
+from ddp.torchfree import Section, Table, Text
+from lab.report.common import figures_section, ranks_section
+from lab.report.results import Results, sweep_results
 
 __all__ = ["straggler_results"]
 
@@ -45,10 +44,6 @@ def straggler_results(result: Any, out: Any, broken: str) -> Results:
     ]  # fmt: skip
     figure = f"every rank's step {s.job_x:.1f}x with rank {plan.rank} slowed"
     verdict = broken or "parity holds in both jobs"
-    command = command_line("straggler")
-    page = Page(f"lab straggler: run {result.run_id}", Headline(command, verdict, figure,
-                not broken), sections, problems=problems)  # fmt: skip
     configs = {"baseline": s.baseline_job_step_ms, "slowed": s.job_step_ms}
-    summary = RunSummary("straggler", result.run_id, command, started_at(result.seconds),
-                         result.seconds, figure, verdict, not broken, configs)  # fmt: skip
-    return Results(page, summary, list(_FILES), jobs)
+    return sweep_results("straggler", result, sections, problems, (verdict, figure, not broken),
+                         configs, _FILES, jobs)  # fmt: skip

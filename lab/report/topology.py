@@ -7,10 +7,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ddp.torchfree import Headline, Page, Section, Table
-from lab.report.common import command_line, figures_section, ranks_section
-from lab.report.results import Results
-from lab.report.summary import RunSummary, started_at
+from ddp.torchfree import Section, Table
+from lab.report.common import figures_section, ranks_section
+from lab.report.results import Results, sweep_results
 
 __all__ = ["topology_results"]
 
@@ -45,10 +44,6 @@ def topology_results(result: Any, out: Any, broken: str) -> Results:
     ]  # fmt: skip
     figure = headline_line(out.rows, plan).split(": ", 1)[-1]
     verdict = broken or "parity holds in every job"
-    command = command_line("topology")
-    page = Page(f"lab topology: run {result.run_id}", Headline(command, verdict, figure,
-                not broken), sections, problems=problems)  # fmt: skip
     configs = {r.label: r.median_step_ms for r in out.rows}
-    summary = RunSummary("topology", result.run_id, command, started_at(result.seconds),
-                         result.seconds, figure, verdict, not broken, configs)  # fmt: skip
-    return Results(page, summary, list(_FILES), [r.job for r in result.runs])
+    return sweep_results("topology", result, sections, problems, (verdict, figure, not broken),
+                         configs, _FILES, [r.job for r in result.runs])  # fmt: skip

@@ -18,15 +18,13 @@ from lab import args as common
 from lab.experiments.compress.outputs import write_outputs
 from lab.experiments.compress.plan import QUICK, TRAIN_DEFAULTS, CompressPlan
 from lab.experiments.compress.result import CompressResult
-from lab.experiments.compress.run import run as _run
+from lab.experiments.compress.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.compress.text import closing
 from lab.experiments.reporting import report_sweep
 from lab.report.compress import compress_results
-from lab.report.guard import guarded
 from lab.shaping.registry import CHOICES
 
 NAME = "compress"
-run = guarded(NAME, _run)  # the package's run(), whose failure still leaves a report
 HELP = "gradient compression (fp16, bf16, powersgd) under a bandwidth cap: where it pays"
 DESCRIPTION = textwrap.fill(
     "Caps every node's link at each --rate-mbit (verified by a TCP bulk transfer), then trains "

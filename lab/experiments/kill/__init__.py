@@ -19,7 +19,6 @@ from lab.experiments.kill.torchrun_plan import TorchrunKillPlan
 from lab.experiments.kill.torchrun_result import TorchrunKillResult
 from lab.experiments.up.plan import LAUNCHERS
 from lab.faults import FAULTS
-from lab.report.guard import guarded
 from lab.report.kill import kill_results, torchrun_kill_results
 from lab.report.publish import publish
 from lab.report.results import Results
@@ -181,13 +180,10 @@ def plan(args: argparse.Namespace) -> KillPlan | TorchrunKillPlan:
     return KillPlan(**shared)
 
 
-def _run(plan: KillPlan | TorchrunKillPlan) -> KillResult | TorchrunKillResult:
+def run(plan: KillPlan | TorchrunKillPlan) -> KillResult | TorchrunKillResult:
     if isinstance(plan, TorchrunKillPlan):
         return torchrun_run.run_torchrun_kill(plan)
     return run_file(plan)
-
-
-run = guarded(NAME, _run)  # the package's run(), whose failure still leaves a report
 
 
 def _publish(result: KillResult | TorchrunKillResult, made: Results) -> None:

@@ -27,15 +27,13 @@ from lab.experiments.latency.plan import (
     LatencyPlan,
 )
 from lab.experiments.latency.result import SweepResult
-from lab.experiments.latency.run import run as _run
+from lab.experiments.latency.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.latency.text import DEFINITIONS, closing
 from lab.experiments.reporting import report_sweep
-from lab.report.guard import guarded
 from lab.report.latency import latency_results
 from lab.shaping.registry import CHOICES
 
 NAME = "latency"
-run = guarded(NAME, _run)  # the package's run(), whose failure still leaves a report
 HELP = "inject link latency between containers; sweep bucket caps and overlap"
 DESCRIPTION = (
     "Real delayed packets between containers (netem, or an NFQUEUE delayer where the "

@@ -20,14 +20,12 @@ from lab.experiments.straggler.analysis import DEFINITIONS
 from lab.experiments.straggler.outputs import write_outputs
 from lab.experiments.straggler.plan import QUICK_STEPS, TRAIN_DEFAULTS, StragglerPlan
 from lab.experiments.straggler.result import StragglerResult
-from lab.experiments.straggler.run import run as _run
+from lab.experiments.straggler.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.straggler.text import closing
-from lab.report.guard import guarded
 from lab.report.straggler import straggler_results
 from lab.shaping.registry import CHOICES
 
 NAME = "straggler"
-run = guarded(NAME, _run)  # the package's run(), whose failure still leaves a report
 HELP = "slow one rank (a CPU quota, or a slow link): every rank's step rises to its step"
 DESCRIPTION = textwrap.fill(
     "An unslowed baseline, then the same training with one rank's container under a real CPU "

@@ -19,14 +19,12 @@ from lab.experiments.reporting import report_sweep
 from lab.experiments.topology.outputs import write_outputs
 from lab.experiments.topology.plan import QUICK, TRAIN_DEFAULTS, TopologyPlan
 from lab.experiments.topology.result import TopologyResult
-from lab.experiments.topology.run import run as _run
+from lab.experiments.topology.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.topology.text import closing
-from lab.report.guard import guarded
 from lab.report.topology import topology_results
 from lab.shaping.registry import CHOICES
 
 NAME = "topology"
-run = guarded(NAME, _run)  # the package's run(), whose failure still leaves a report
 HELP = "nodes x ranks with a slow link between nodes: flat ring vs a two-level allreduce"
 DESCRIPTION = textwrap.fill(
     "Delays the link between nodes (not within one: ranks of a node share its container and "

@@ -11,14 +11,12 @@ from lab.engine.layout import Layout
 from lab.experiments.up.outputs import write_summary
 from lab.experiments.up.plan import LAUNCHERS, TOPOLOGIES, Topology, UpPlan, load_topology
 from lab.experiments.up.result import UpResult
-from lab.experiments.up.run import run as _run
+from lab.experiments.up.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.up.text import format_summary
-from lab.report.guard import guarded
 from lab.report.publish import publish
 from lab.report.up import up_results
 
 NAME = "up"
-run = guarded(NAME, _run)  # the package's run(), whose failure still leaves a report
 HELP = "run a topology to its parity verdict, then remove it"
 DESCRIPTION = (
     "Start one container per node on a private network with a shared volume, run "
