@@ -18,7 +18,12 @@ from lab import cli
 from lab.experiments import latency
 from lab.experiments.latency import outputs, text
 from lab.experiments.latency.analysis import summarize
-from lab.experiments.latency.phases import ACCUMULATE, LATENCY_BATCH, Configuration
+from lab.experiments.latency.phases import (
+    ACCUMULATE,
+    BANDWIDTH_BACKWARD_MS,
+    PHASE_BATCH,
+    Configuration,
+)
 from lab.experiments.latency.plan import TRAIN_DEFAULTS, LatencyPlan
 from lab.experiments.latency.result import ConfigRun, SweepResult
 from tests.lab.latency_logs import write_logs
@@ -33,19 +38,23 @@ def test_the_default_is_two_phases_a_latency_bound_and_a_bandwidth_bound_one():
     plan = _plan("--ms", "5")
     assert plan.phased
     fast, slow = plan.phases()
-    assert (fast.key, fast.rate_mbit, fast.train.batch_size) == ("latency", None, LATENCY_BATCH)
+    assert (fast.key, fast.rate_mbit, fast.train.batch_size) == ("latency", None, PHASE_BATCH)
     assert [c.label for c in fast.configurations] == [
         "no sync (floor)", "per-parameter, overlap on", "cap 0.15 MB, overlap on",
         "cap 25 MB, overlap on", "auto cap, overlap on",
         f"per-parameter, overlap on, accumulate {ACCUMULATE}",
     ]  # fmt: skip
-    assert (slow.key, slow.rate_mbit, slow.train) == ("bandwidth", 20.0, TRAIN_DEFAULTS)
+    modelled = TRAIN_DEFAULTS.replace(
+        batch_size=PHASE_BATCH, backward_delay_ms=BANDWIDTH_BACKWARD_MS
+    )
+    assert (slow.key, slow.rate_mbit, slow.train) == ("bandwidth", 20.0, modelled)
     assert [c.label for c in slow.configurations] == [
         "no sync (floor)", "cap 0.15 MB, overlap on", "cap 0.15 MB, overlap off",
         "auto cap, overlap on",
     ]  # fmt: skip
     assert "shows bucketing" in fast.intro and "no rate cap" in fast.intro
     assert "shows overlap" in slow.intro and "rate 20 Mbit/s" in slow.intro
+    assert "500 ms of modelled accelerator backward" in slow.intro
     jobs = [p for phase in plan.phases() for p in plan.jobs(phase)]
     assert len(jobs) == plan.total == 2 * (6 + 4)
     assert len({p.job for p in jobs}) == len(jobs)
@@ -53,7 +62,7 @@ def test_the_default_is_two_phases_a_latency_bound_and_a_bandwidth_bound_one():
     assert {"5ms-latency-cap0-overlap-acc4-r2", "5ms-bandwidth-capauto-overlap-r1"} <= names
     by = {(p.phase.key, p.conf): p.train for p in jobs if p.round == 1}
     acc = by[("latency", Configuration(0.0, True, ACCUMULATE))]
-    assert (acc.accumulate, acc.bucket_cap_mb, acc.batch_size) == (4, 0.0, LATENCY_BATCH)
+    assert (acc.accumulate, acc.bucket_cap_mb, acc.batch_size) == (4, 0.0, PHASE_BATCH)
     assert by[("bandwidth", Configuration("auto", True))].bucket_cap_mb == "auto"
     assert by[("latency", Configuration(None))].accumulate == 1  # the floor: one micro-batch
 
@@ -130,7 +139,7 @@ def test_a_two_phase_report(tmp_path):
     out = outputs.write_outputs(result)
     rows = {(r.phase, r.config): r for r in out.rows}
     acc = rows[("latency", "per-parameter, overlap on, accumulate 4")]
-    assert (acc.samples, acc.calls) == (4 * LATENCY_BATCH, 82)
+    assert (acc.samples, acc.calls) == (4 * PHASE_BATCH, 82)
     assert acc.comm_ms_per_sample == pytest.approx(530 / 64)
     assert acc.exposed_comm_ms != acc.exposed_comm_ms  # NaN: its floor would be 4 micro-batches
     assert acc.speedup_vs_per_parameter == pytest.approx((1000 / 16) / (1060 / 64))
@@ -142,7 +151,12 @@ def test_a_two_phase_report(tmp_path):
     table = "\n".join(closing.table)
     assert re.search(r"^latency-bound phase \(5 ms one-way, no rate cap, model tower, global "
                      r"batch 16\): shows bucketing", table, re.M)  # fmt: skip
-    assert re.search(r"^bandwidth-bound phase \(5 ms one-way, rate 20 Mbit/s", table, re.M)
+    assert re.search(
+        r"^bandwidth-bound phase \(5 ms one-way, rate 20 Mbit/s, model tower, "
+        r"global batch 16, 500 ms of modelled accelerator backward\)",
+        table,
+        re.M,
+    )
     assert "per bucket, round 1 at 5 ms (the Gantt chart's pair):" in table
     assert [(t.config, t.overlap) for t in out.timings] == [
         ("cap 0.15 MB, overlap on", True), ("cap 0.15 MB, overlap off", False)

@@ -85,7 +85,7 @@ def test_cli_defaults_flags_and_help(capsys):
     assert plan.caps == (0.0, 0.15, 25.0)
     assert (plan.rounds, plan.warmup, plan.nodes, plan.run_timeout_s) == (2, 2, 2, 300.0)
     assert plan.train == TRAIN_DEFAULTS and plan.train.collective_timeout_s == 60.0
-    assert (plan.train.model, plan.train.batch_size, plan.train.steps) == ("tower", 2048, 6)
+    assert (plan.train.model, plan.train.batch_size, plan.train.steps) == ("tower", 768, 6)
     assert plan.rate_mbit == 20.0 and plan.cpus is None
     assert _plan().ms == (5.0,)
     assert _plan("--rate-mbit", "0").rate_mbit is None  # 0: no rate cap

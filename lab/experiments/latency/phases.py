@@ -18,7 +18,8 @@ from ddp.torchfree import TrainConfig
 
 __all__ = [
     "ACCUMULATE",
-    "LATENCY_BATCH",
+    "BANDWIDTH_BACKWARD_MS",
+    "PHASE_BATCH",
     "WORKLOAD",
     "Configuration",
     "Phase",
@@ -26,10 +27,16 @@ __all__ = [
     "sweep_configurations",
 ]
 
-# The latency-bound phase's global batch: the tower's backward is then short (tens of ms), so
-# 82 per-parameter allreduces of ~25 ms each (two in flight) make the step, and a few buckets
-# hardly add to it.
-LATENCY_BATCH = 16
+# Both phases' global batch: the tower's real backward is then short (tens of ms), so in the
+# latency-bound phase 82 per-parameter allreduces of ~25 ms each (two in flight) make the step,
+# and a few buckets hardly add to it.
+PHASE_BATCH = 16
+# The bandwidth-bound phase's modelled accelerator backward (--backward-ms: a sleep spread over
+# the gradients, which leaves the CPU to the communication): about as long as the 1.1 MB take
+# at 20 Mbit/s (~470 ms, 7 buckets after backward). With real CPU compute instead (batch 768
+# or 2048, backward 0.6-1.7 s on this host) the steps of one job varied 2x and overlap came out
+# 0.8-0.9x: computation and communication share the two cores (docs/experiments/latency.md).
+BANDWIDTH_BACKWARD_MS = 500.0
 # The accumulation row's micro-batches per optimizer step.
 ACCUMULATE = 4
 AUTO = "auto"
@@ -39,11 +46,12 @@ WORKLOAD = (
     "both lessons strongly. Both train model tower (40 thin convolutions over the 32 features "
     "read as a signal: 82 tensors, 1.1 MB of gradients) on 2 nodes, one core and one thread "
     "per rank. The latency-bound phase (no rate cap, global batch "
-    f"{LATENCY_BATCH}: backward is short) runs per-parameter allreduce, caps 0.15 and 25 and "
+    f"{PHASE_BATCH}: backward is short) runs per-parameter allreduce, caps 0.15 and 25 and "
     f"the auto cap with overlap on, and per-parameter with --accumulate {ACCUMULATE}: 82 "
     "allreduces of ~25 ms each make the step, a few buckets cost little (the bucketing "
     "lesson), and accumulation pays the 82 once per 4 micro-batches. The bandwidth-bound phase "
-    "(--rate-mbit, global batch 2048: ~400 ms of backward against ~450 ms of allreduce) runs "
+    f"(--rate-mbit, the same batch plus {BANDWIDTH_BACKWARD_MS:g} ms of modelled accelerator "
+    "backward, as --backward-ms, against ~470 ms of allreduce) runs "
     "cap 0.15 (7 buckets, the first filling after 1/6 of backward) with overlap on and off, and "
     "the auto cap: overlap hides an allreduce only behind the backward that runs after its "
     "bucket filled, so backward must last about as long as the communication, and the "
@@ -134,9 +142,14 @@ class Phase:
         if not self.key:
             return ""
         t = self.train
+        modelled = (
+            f", {t.backward_delay_ms:g} ms of modelled accelerator backward"
+            if t.backward_delay_ms
+            else ""
+        )
         return (
             f"{self.title} phase ({self.link_text}, model {t.model}, global batch "
-            f"{t.batch_size}): {self.lesson}"
+            f"{t.batch_size}{modelled}): {self.lesson}"
         )
 
 
@@ -148,14 +161,16 @@ _LATENCY_LESSON = (
 _BANDWIDTH_LESSON = (
     "shows overlap: at the rate cap the 1.1 MB of gradients take about as long as backward, "
     "so buckets launched while backward runs hide behind it, and the same buckets sent after "
-    "backward queue on the link"
+    "backward queue on the link; backward is a model of accelerator compute (a sleep), so "
+    "it does not take the CPU the communication needs"
 )
 
 
 def default_phases(ms: float, train: TrainConfig, rate_mbit: float | None) -> tuple[Phase, ...]:
-    """At ``ms``: the latency-bound phase (no rate cap, global batch ``LATENCY_BATCH``:
+    """At ``ms``, both at global batch ``PHASE_BATCH``: the latency-bound phase (no rate cap:
     per-parameter vs bucketed, the auto cap, accumulation) and the bandwidth-bound phase
-    (``rate_mbit``, ``train``'s batch: one cap with overlap on and off, the auto cap)."""
+    (``rate_mbit`` and ``BANDWIDTH_BACKWARD_MS`` of modelled backward: one cap with overlap on
+    and off, the auto cap)."""
     on = [Configuration(0.0, True), Configuration(0.15, True), Configuration(25.0, True)]
     latency = (
         Configuration(None), *on, Configuration(AUTO, True), Configuration(0.0, True, ACCUMULATE)
@@ -164,8 +179,11 @@ def default_phases(ms: float, train: TrainConfig, rate_mbit: float | None) -> tu
         Configuration(None), Configuration(0.15, True), Configuration(0.15, False),
         Configuration(AUTO, True),
     )  # fmt: skip
-    small = train.replace(batch_size=LATENCY_BATCH)
+    small = train.replace(batch_size=PHASE_BATCH)
+    modelled = small.replace(backward_delay_ms=BANDWIDTH_BACKWARD_MS)
     return (
         Phase(ms, None, small, latency, "latency", "latency-bound", _LATENCY_LESSON),
-        Phase(ms, rate_mbit, train, bandwidth, "bandwidth", "bandwidth-bound", _BANDWIDTH_LESSON),
+        Phase(
+            ms, rate_mbit, modelled, bandwidth, "bandwidth", "bandwidth-bound", _BANDWIDTH_LESSON
+        ),
     )
