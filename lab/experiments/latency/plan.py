@@ -43,17 +43,13 @@ __all__ = [
 
 # The default runs two phases (.phases): bucketing pays where allreduces are latency-bound, overlap
 # where they are bandwidth-bound, and no one workload on this host shows both strongly
-# (docs/experiments/latency.md, "Why this default"). What follows is the bandwidth-bound
-# phase's workload, and a single-phase sweep's defaults. Overlap hides an allreduce only behind
-# the backward that runs after its bucket filled, and never the last bucket's, so backward
-# must last about as long as the communication, and the communication must be bandwidth-bound
-# and serial (a rate cap), or the no-overlap side merges everything into one latency-bound
-# allreduce and loses nothing.
+# (docs/experiments/latency.md, "Why this default"). What follows are the phases' link and
+# model, and a single-phase sweep's defaults (explicit --caps, --rate-mbit, ...).
 # Two nodes: on a 2-core host each rank then has a core, and communication is not starved
-# during backward (with four ranks it is). Measured here, quiet host: the tower's backward at a
-# global batch of 512 takes ~350-460 ms, its 1.1 MB of gradients ~470 ms of allreduce at
-# 20 Mbit/s (overlap 1.32x in one round); at 2048, once ~400 ms on a faster host, it now takes
-# ~1.3-1.7 s and overlap loses (0.85x): 768 keeps backward about as long as the allreduces.
+# during backward (with four ranks it is). The rate cap makes the 1.1 MB of the tower's
+# gradients take ~470 ms of allreduce at 20 Mbit/s, serial. The single-phase batch: on this
+# host the tower's real backward takes ~350-460 ms at 512, ~650 ms at 768, 1.3-1.7 s at 2048
+# (once ~400 ms on a faster host), and it varies up to 2x between steps.
 DEFAULT_NODES = 2
 DEFAULT_RATE_MBIT = 20.0
 # 0: one allreduce per tensor (82: the bucketing lesson); 0.15: five convolutions a bucket (7:
