@@ -67,6 +67,8 @@ def latency_results(result: Any, out: Any, broken: str) -> Results:
     ]  # fmt: skip
     verdict = broken or "parity holds in every allreduce configuration"
     figure = _figure(out.headlines)
-    configs = {f"{r.ms:g} ms, {r.config}": r.median_step_ms for r in out.rows}
+    # a two-phase run has a floor in each phase: the phase keeps the keys apart
+    configs = {", ".join(filter(None, (f"{r.ms:g} ms", r.phase, r.config))): r.median_step_ms
+               for r in out.rows}  # fmt: skip
     return sweep_results("latency", result, sections, problems, (verdict, figure, not broken),
                          configs, _FILES, [run.job for run in result.runs])  # fmt: skip
