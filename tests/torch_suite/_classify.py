@@ -44,7 +44,8 @@ def _our_class_names() -> set[str]:
     import pkgutil
 
     names = set()
-    for info in pkgutil.iter_modules(ddp.__path__, "ddp."):
+    # every module of every subpackage (ddp.wrapper.distributed, ddp.program.loop, ...)
+    for info in pkgutil.walk_packages(ddp.__path__, "ddp.", onerror=lambda _name: None):
         try:
             mod = importlib.import_module(info.name)
         except Exception:  # a module that cannot import here cannot have raised either
