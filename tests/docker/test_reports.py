@@ -49,9 +49,10 @@ def test_latency_quick_leaves_a_page_a_summary_and_scalars(client, tmp_path):
     assert seen.verdict == "parity holds in every allreduce configuration"
     summary = _summary(run_dir)
     assert summary["experiment"] == "latency" and summary["ok"] is True
-    assert summary["figure"] == seen.figure and len(summary["configs"]) == 5
+    # --quick: two phases, 6 latency-bound and 4 bandwidth-bound configurations, one round
+    assert summary["figure"] == seen.figure and len(summary["configs"]) == 10
     jobs = sorted(p.name for p in (run_dir / "tb").iterdir())
-    assert len(jobs) == 5 and all(list((run_dir / "tb" / j).glob("events.out.*")) for j in jobs)
+    assert len(jobs) == 10 and all(list((run_dir / "tb" / j).glob("events.out.*")) for j in jobs)
     listed = subprocess.run([sys.executable, "-m", "lab", "runs", "--runs-dir", str(tmp_path)],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert listed.returncode == 0 and run_id in listed.stdout and seen.figure in listed.stdout
