@@ -54,7 +54,7 @@ def bucket_count(cfg: TrainConfig, model: nn.Module) -> int:
         return model.num_buckets
     if isinstance(model, TorchDDP):
         params = [p for p in model.module.parameters() if p.requires_grad]
-        one = cfg.model != "branchy"
+        one = not model.find_unused_parameters  # torch's rule, as wrap() configured it
         return len(torch_initial_plan(params, torch_caps(cfg.bucket_cap_mb), one_bucket=one))
     return 0
 
