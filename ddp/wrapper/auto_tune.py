@@ -90,7 +90,9 @@ def tune(reducer: Any, group: dist.ProcessGroup | None, logging: Any) -> AutoCap
     in the logging data, ``auto_bucket_cap``)."""
     t0 = time.perf_counter()
     ready = reducer.ready_profile()
-    samples = measure_link(group, sum(n for _, n in ready) or max(PROBE_BYTES))
+    # the plan's bytes, the same on every rank (a rank's ready profile is not: a joined rank
+    # recorded none), so every rank probes the same sizes
+    samples = measure_link(group, sum(reducer.bucket_sizes))
     probe_s = time.perf_counter() - t0
     decided: list[AutoCap | None] = [None]
     if dist.get_rank(group) == 0:
