@@ -229,6 +229,12 @@ class RankLog:
         return [r for r in self.records if isinstance(r, StepRecord)]
 
     @property
+    def auto_cap_mb(self) -> float | None:
+        """The cap ``bucket_cap_mb="auto"`` chose, on the step that rebuilt the buckets (the
+        same on every rank); None when the rank did not choose one."""
+        return next((float(r.auto_cap["cap_mb"]) for r in self.steps if r.auto_cap), None)
+
+    @property
     def verdict(self) -> VerdictRecord | None:
         return self._last(VerdictRecord)
 
