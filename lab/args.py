@@ -20,6 +20,7 @@ __all__ = [
     "add_procs_per_node",
     "add_run_timeout",
     "add_train_flags",
+    "cap_list",
     "check_finite",
     "check_job",
     "check_timeouts",
@@ -56,6 +57,17 @@ def float_list(text: str) -> tuple[float, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated numbers such as 0,0.25,1, got {text!r}"
+        ) from None
+
+
+def cap_list(text: str) -> tuple[float | str, ...]:
+    """``"0,0.25,auto"`` -> ``(0.0, 0.25, "auto")``: bucket caps in MB, or the wrapper's own
+    choice; argparse names the flag in the error."""
+    try:
+        return tuple("auto" if part == "auto" else float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated caps in MB or auto, such as 0,0.25,1,auto, got {text!r}"
         ) from None
 
 

@@ -13,6 +13,7 @@ from ddp.program.config import TrainConfig
 from lab import cli
 from lab.experiments import latency
 from lab.experiments.latency.plan import TRAIN_DEFAULTS, Configuration, LatencyPlan
+from tests.helpers import cli_error
 
 
 def _plan(*argv: str) -> LatencyPlan:
@@ -124,3 +125,25 @@ def test_quick_fills_only_what_was_left_at_its_default():
     mine = _plan("--quick", "--caps", "0,1", "--rounds", "3", "--steps", "9")
     assert (mine.caps, mine.rounds, mine.train.steps) == ((0.0, 1.0), 3, 9)
     assert _plan("--quick").train.replace(steps=6) == TRAIN_DEFAULTS
+
+
+def test_auto_among_the_caps_and_overlap_on_only():
+    """The auto cap judged against a fixed-cap sweep on one link: ``auto`` is one of --caps,
+    and --overlap on runs each cap once (what the auto cap is compared with)."""
+    plan = _plan("--caps", "0,0.05,auto", "--overlap", "on", "--rate-mbit", "0")
+    assert not plan.phased and plan.caps == (0.0, 0.05, "auto")
+    jobs = plan.jobs(5.0)
+    assert [j.job for j in jobs[:4]] == [
+        "5ms-nosync-r1", "5ms-cap0-overlap-r1", "5ms-cap0.05-overlap-r1", "5ms-capauto-overlap-r1",
+    ]  # fmt: skip
+    assert jobs[3].train.bucket_cap_mb == "auto" and jobs[3].train.overlap
+    assert plan.total == len(jobs) == 2 * 4
+    assert not _plan("--overlap", "off").phased  # any setting other than the default: one phase
+    assert [j.train.overlap for j in _plan("--overlap", "off").jobs(5.0)][1:3] == [False] * 2
+
+
+@pytest.mark.parametrize("caps", ["0,fast", "0,,1", "Auto"])
+def test_caps_that_are_neither_numbers_nor_auto_exit_2(caps, capsys):
+    assert "expected comma-separated caps in MB or auto" in cli_error(
+        ["latency", "--caps", caps], capsys
+    )

@@ -123,3 +123,22 @@ def test_help_says_why_and_what_the_last_line_is():
     assert "step time vs torch DDP (2 nodes x 2 ranks, 5 ms): hierarchical" in epilog
     assert "topology.png" in epilog and "eth0-node<N>.txt" in epilog
     assert "one bucket per tensor (--bucket-cap-mb 0" in epilog  # why the default workload
+
+
+def test_extra_caps_are_ours_flat_rows_after_the_five():
+    p = _plan(["--caps", "0.05,5", "--rounds", "1"])
+    assert [j.job for j in p.jobs()][5:] == ["cap0.05-r1", "cap5-r1"] and p.total == 7
+    extra = {j.conf.name: j.train for j in p.jobs()[5:]}
+    assert extra["cap5"] == TRAIN_DEFAULTS.replace(bucket_cap_mb=5.0)
+    assert [c.label for c in p.configurations[5:]] == ["flat cap 0.05 MB", "flat cap 5 MB"]
+    assert "7 configurations" in p.describe()
+
+
+@pytest.mark.parametrize(
+    ("caps", "message"),
+    [((0.0,), "repeats a cap (the flat row already runs --bucket-cap-mb 0)"),
+     ((1.0, 1.0), "repeats a cap"), ((-1.0,), "--caps must be a finite number >= 0")],
+)  # fmt: skip
+def test_bad_caps(caps, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        TopologyPlan(caps=caps)

@@ -81,6 +81,7 @@ EPILOG = "\n".join(
 # The training settings the sweep leaves to the user; it varies cap, overlap and sync itself.
 _TRAIN_FIELDS = ["model", "steps", "batch_size", "seed"]
 _ROUNDS = 2
+_OVERLAPS = {"both": (True, False), "on": (True,), "off": (False,)}
 _BACKWARD = next(f for f in dataclasses.fields(TrainConfig) if f.name == "backward_delay_ms")
 
 
@@ -106,9 +107,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     common.add_impairments(p)
     p.add_argument(
-        "--caps", type=common.float_list, default=DEFAULT_CAPS,
-        help="bucket caps in MB, comma-separated; 0 = per parameter (default "
+        "--caps", type=common.cap_list, default=DEFAULT_CAPS,
+        help="bucket caps in MB, comma-separated; 0 = per parameter, auto = the wrapper times "
+        "the link and picks its own (default "
         f"{','.join(f'{c:g}' for c in DEFAULT_CAPS)})",
+    )  # fmt: skip
+    p.add_argument(
+        "--overlap", choices=_OVERLAPS, default="both",
+        help="which overlap settings each cap of a single-phase sweep runs with (default both)",
     )  # fmt: skip
     p.add_argument(
         "--warmup", type=common.number(0, kind=int), default=2,
@@ -148,7 +154,7 @@ def _phased(args: argparse.Namespace, train: TrainConfig) -> bool:
     workload = (train.model, train.batch_size, train.backward_delay_ms)
     return (
         args.caps == DEFAULT_CAPS and args.rate_mbit == DEFAULT_RATE_MBIT
-        and args.timeline_cap is None
+        and args.timeline_cap is None and args.overlap == "both"
         and workload == (TRAIN_DEFAULTS.model, TRAIN_DEFAULTS.batch_size, 0.0)
     )  # fmt: skip
 
@@ -171,6 +177,7 @@ def plan(args: argparse.Namespace) -> LatencyPlan:
         run_timeout_s=args.run_timeout, image=args.image, runs_dir=args.runs_dir,
         progress=args.progress, impair=common.impairments(args),
         node_ms=tuple(args.node_ms or ()), cpus=args.cpus, phased=phased,
+        overlaps=_OVERLAPS[args.overlap],
     )  # fmt: skip
 
 

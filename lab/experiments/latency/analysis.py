@@ -33,12 +33,8 @@ class ConfigStats:
 
 
 def _auto_cap(logs: Logs) -> float | None:
-    """The cap ``bucket_cap_mb="auto"`` chose: on the step that rebuilt the buckets (a warm-up
-    step), the same on every rank."""
-    return next(
-        (float(r.auto_cap["cap_mb"]) for log in logs.values() for r in log.steps if r.auto_cap),
-        None,
-    )
+    """The cap ``bucket_cap_mb="auto"`` chose (the same on every rank)."""
+    return next((log.auto_cap_mb for log in logs.values() if log.auto_cap_mb is not None), None)
 
 
 def _calls(calls: set[int], auto: bool) -> int:

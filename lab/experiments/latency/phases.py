@@ -18,6 +18,7 @@ from ddp.torchfree import TrainConfig
 
 __all__ = [
     "ACCUMULATE",
+    "AUTO",
     "BANDWIDTH_BACKWARD_MS",
     "PHASE_BATCH",
     "WORKLOAD",
@@ -57,8 +58,9 @@ WORKLOAD = (
     "bucket filled, so backward must last about as long as the communication, and the "
     "communication must be bandwidth-bound and serial, or overlap off merges everything into "
     "one latency-bound allreduce and loses nothing (the overlap lesson). Any of --caps, "
-    "--rate-mbit, --model, --batch-size, --backward-ms, --timeline-cap (set to other than the "
-    "default) makes it one phase of every cap with overlap on and off. Why: "
+    "--rate-mbit, --model, --batch-size, --backward-ms, --timeline-cap, --overlap (set to other "
+    "than the default) makes it one phase of every cap with overlap on and off (or as --overlap "
+    "says). Why: "
     "docs/experiments/latency.md, 'Why this default'."
 )
 
@@ -110,12 +112,14 @@ class Configuration:
         )
 
 
-def sweep_configurations(caps: Sequence[float]) -> tuple[Configuration, ...]:
-    """The floor, then per cap overlap on and off (adjacent, so slow drift of the shared
-    host's load hits both alike)."""
+def sweep_configurations(
+    caps: Sequence[float | str], overlaps: Sequence[bool] = (True, False)
+) -> tuple[Configuration, ...]:
+    """The floor, then per cap (a number of MB, or "auto") overlap on and off (adjacent, so
+    slow drift of the shared host's load hits both alike), or only the ``overlaps`` given."""
     confs = [Configuration(None)]
     for cap in caps:
-        confs += [Configuration(cap, True), Configuration(cap, False)]
+        confs += [Configuration(cap, overlap) for overlap in overlaps]
     return tuple(confs)
 
 

@@ -20,6 +20,7 @@ from lab.args import check_finite, check_job, check_warmup
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE
 from lab.experiments.latency.phases import (
+    AUTO,
     Configuration,
     Phase,
     default_phases,
@@ -89,7 +90,7 @@ class LatencyPlan:
     ms: tuple[float, ...] = (5.0,)  # one-way delay per packet
     shaper: str = "auto"
     rate_mbit: float | None = DEFAULT_RATE_MBIT  # None: no rate cap
-    caps: tuple[float, ...] = DEFAULT_CAPS
+    caps: tuple[float | str, ...] = DEFAULT_CAPS  # MB, or "auto": the wrapper picks its cap
     warmup: int = 2  # first steps include gloo's connection set-up: not measured
     rounds: int = 2  # the whole plan runs this often, interleaved: load drift hits all alike
     nodes: int = DEFAULT_NODES
@@ -105,6 +106,7 @@ class LatencyPlan:
     # The default: two phases per delay (.phases.default_phases; rate_mbit and train are then
     # the bandwidth-bound phase's, caps unused); False: one phase per delay, every cap on/off.
     phased: bool = False
+    overlaps: tuple[bool, ...] = (True, False)  # a single-phase sweep's: every cap with each
 
     def __post_init__(self) -> None:
         if not self.ms:
@@ -128,7 +130,10 @@ class LatencyPlan:
         if not self.caps:
             raise ValueError("--caps is empty; e.g. --caps 0,0.25,1,4,25")
         for cap in self.caps:
-            check_finite("--caps", cap, 0.0)
+            if cap != AUTO:
+                check_finite("--caps", cap, 0.0)
+        if not self.overlaps or len(set(self.overlaps)) != len(self.overlaps):
+            raise ValueError(f"overlaps must be (True,), (False,) or both, got {self.overlaps}")
         if len(set(self.caps)) != len(self.caps):
             raise ValueError(f"--caps values repeat: {list(self.caps)}; give each cap once")
         check_warmup(self.warmup, self.train.steps)
@@ -139,7 +144,7 @@ class LatencyPlan:
         if self.timeline_cap is not None and self.timeline_cap not in self.caps:
             raise ValueError(
                 f"--timeline-cap {self.timeline_cap:g} is not one of --caps "
-                f"{','.join(f'{c:g}' for c in self.caps)}"
+                f"{','.join(str(c) if c == AUTO else f'{c:g}' for c in self.caps)}"
             )
         if self.cpus is not None and not (math.isfinite(self.cpus) and self.cpus > 0):
             raise ValueError(
@@ -157,7 +162,7 @@ class LatencyPlan:
         phase of every cap with overlap on and off on the plan's link."""
         if self.phased:
             return [p for ms in self.ms for p in default_phases(ms, self.train, self.rate_mbit)]
-        confs = sweep_configurations(self.caps)
+        confs = sweep_configurations(self.caps, self.overlaps)
         return [Phase(ms, self.rate_mbit, self.train, confs) for ms in self.ms]
 
     def configurations(self) -> list[Configuration]:
@@ -169,7 +174,8 @@ class LatencyPlan:
         configuration, interleaved, so slow drift of the host's load hits all alike."""
         phase = setting
         if not isinstance(phase, Phase):
-            phase = Phase(setting, self.rate_mbit, self.train, sweep_configurations(self.caps))
+            confs = sweep_configurations(self.caps, self.overlaps)
+            phase = Phase(setting, self.rate_mbit, self.train, confs)
         return [
             Planned(
                 phase.ms,

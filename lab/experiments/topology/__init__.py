@@ -119,6 +119,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"a few minutes: {QUICK['rounds']} round of {QUICK['steps']} steps "
         "(where --rounds and --steps are not given)",
     )
+    layout.add_argument(
+        "--caps",
+        type=common.float_list,
+        default=(),
+        help="also run ours flat at these bucket caps (MB, comma-separated): a sweep that the "
+        "auto cap's choice is judged against (default: none)",
+    )
     common.add_job_flags(p, _TRAIN_FIELDS, TRAIN_DEFAULTS, "one job")  # fmt: skip
 
 
@@ -132,7 +139,7 @@ def plan(args: argparse.Namespace) -> TopologyPlan:
         rate_mbit=args.rate_mbit, shaper=args.shaper, warmup=args.warmup,
         rounds=args.rounds or quick.get("rounds", TopologyPlan.rounds), train=train,
         run_timeout_s=args.run_timeout, image=args.image, runs_dir=args.runs_dir,
-        progress=args.progress, quick=args.quick,
+        progress=args.progress, quick=args.quick, caps=tuple(args.caps),
     )  # fmt: skip
 
 

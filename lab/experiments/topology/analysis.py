@@ -52,6 +52,7 @@ class JobFigures:
     window: Window | None  # what crossed the link during them (None: not sampled)
     buckets: int | None
     max_param_diff: float | None
+    auto_cap_mb: float | None = None  # bucket_cap_mb="auto": the cap it chose
 
 
 def _measured_span(logs: Logs, warmup: int, where: str) -> tuple[float, float, int]:
@@ -74,7 +75,8 @@ def job(logs: Logs, samples: Mapping[int, Sequence[Sample]], warmup: int, where:
     window = window_bytes(samples, start, end, where) if samples else None
     last = [r for r in logs[min(logs)].steps if r.step > warmup]
     buckets = last[-1].num_buckets if last else None
-    return JobFigures(figures.step_ms, steps, window, buckets, figures.max_param_diff)
+    auto = logs[min(logs)].auto_cap_mb
+    return JobFigures(figures.step_ms, steps, window, buckets, figures.max_param_diff, auto)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class Row:
     parity: bool
     speedup_vs_torch: float = math.nan
     step_time_vs_torch: float = math.nan  # the headline's ratio: < 1 is faster
+    auto_caps: tuple[float, ...] = ()  # the auto cap's choice, per round
 
 
 def make_row(conf: Configuration, jobs: Sequence[JobFigures], parity: bool) -> Row:
@@ -103,6 +106,7 @@ def make_row(conf: Configuration, jobs: Sequence[JobFigures], parity: bool) -> R
         conf.name, conf.label, statistics.median(ms for j in jobs for ms in j.step_ms),
         tuple(statistics.median(j.step_ms) for j in jobs), sum(len(j.step_ms) for j in jobs),
         cross, jobs[-1].buckets, max(diffs) if diffs else math.nan, parity,
+        auto_caps=tuple(j.auto_cap_mb for j in jobs if j.auto_cap_mb is not None),
     )  # fmt: skip
 
 

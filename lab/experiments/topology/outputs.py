@@ -23,7 +23,6 @@ from lab.experiments.topology.analysis import (
     job,
     make_row,
 )
-from lab.experiments.topology.plan import CONFIGURATIONS
 from lab.experiments.topology.result import ConfigRun, TopologyResult
 from lab.experiments.topology.text import format_table, headline_line
 from lab.experiments.topology.wire import parse_samples
@@ -42,7 +41,7 @@ def combine_rounds(result: TopologyResult) -> tuple[list[Row], dict[str, JobFigu
     job's figures by job name."""
     jobs = {run.job: _job(result, run) for run in result.runs}
     rows = []
-    for conf in CONFIGURATIONS:
+    for conf in result.plan.configurations:
         runs = [run for run in result.runs if run.conf == conf.name]
         if runs:
             parity = all(run.parity for run in runs)

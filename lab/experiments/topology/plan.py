@@ -92,6 +92,8 @@ class TopologyPlan:
     progress: bool = True
     runs_dir: Path = Path("runs")
     quick: bool = False
+    # extra rows: ours flat at these caps (MB), a sweep the auto cap is judged against
+    caps: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 2:
@@ -123,6 +125,12 @@ class TopologyPlan:
         if (base.wrapper, base.comm_hook, base.sync) != ("ours", "none", "allreduce"):
             raise ValueError("the base training config must be ours, a plain allreduce, no hook: "
                              "the configurations set wrapper and comm_hook themselves")  # fmt: skip
+        for cap in self.caps:
+            check_finite("--caps", cap, 0.0)
+        if len(set(self.caps)) != len(self.caps) or base.bucket_cap_mb in self.caps:
+            raise ValueError(f"--caps {','.join(f'{c:g}' for c in self.caps)} repeats a cap "
+                             f"(the flat row already runs --bucket-cap-mb "
+                             f"{base.bucket_cap_mb:g}); give each once")  # fmt: skip
         check_timeouts(base.collective_timeout_s, self.run_timeout_s, "job")
         base.local_batch(self.layout.world_size)  # the global batch must split over the ranks
         self.jobs()  # every configuration's TrainConfig validates
@@ -131,16 +139,25 @@ class TopologyPlan:
     def layout(self) -> Layout:
         return Layout(self.nodes, self.ranks_per_node)
 
+    @property
+    def configurations(self) -> tuple[Configuration, ...]:
+        """The five, then ours flat at every extra cap of ``caps``."""
+        extra = tuple(
+            Configuration(f"cap{cap:g}", f"flat cap {cap:g} MB", (("bucket_cap_mb", cap),))
+            for cap in self.caps
+        )
+        return CONFIGURATIONS + extra
+
     def jobs(self, setting: object = None) -> list[Planned]:
         """Every round runs every configuration, torch's DDP first (one link: ``setting`` is
         the sweep's only one)."""
         rounds = range(1, self.rounds + 1)
         return [Planned(f"{c.name}-r{r}", r, c, c.train_config(self.train))
-                for r in rounds for c in CONFIGURATIONS]  # fmt: skip
+                for r in rounds for c in self.configurations]  # fmt: skip
 
     @property
     def total(self) -> int:
-        return self.rounds * len(CONFIGURATIONS)
+        return self.rounds * len(self.configurations)
 
     @property
     def link_text(self) -> str:
@@ -151,6 +168,6 @@ class TopologyPlan:
     def describe(self) -> str:
         return (
             f"{self.layout.describe()}, {self.link_text} between nodes, model "
-            f"{self.train.model}, {len(CONFIGURATIONS)} configurations x {self.rounds} round(s) "
-            f"x {self.train.steps} steps ({self.warmup} warm-up)"
+            f"{self.train.model}, {len(self.configurations)} configurations x {self.rounds} "
+            f"round(s) x {self.train.steps} steps ({self.warmup} warm-up)"
         )

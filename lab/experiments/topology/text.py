@@ -14,7 +14,7 @@ from lab.experiments.topology.result import LinkInfo, TopologyResult
 if TYPE_CHECKING:
     from lab.experiments.topology.outputs import Outputs
 
-__all__ = ["HEADLINE_ORDER", "closing", "format_table", "headline_line"]
+__all__ = ["HEADLINE_ORDER", "auto_cap_line", "closing", "format_table", "headline_line"]
 
 HEADLINE_ORDER = ("hierarchical", "hierarchical-fp16", "auto", "flat")  # Configuration names
 
@@ -72,11 +72,32 @@ def headline_line(rows: Sequence[Row], plan: TopologyPlan) -> str:
     )
 
 
+def auto_cap_line(rows: Sequence[Row]) -> str:
+    """The auto cap against the fastest of ours flat at a fixed cap (the base cap and every
+    ``--caps`` row), with that cap's own run-to-run spread: how close the choice came ('' when
+    the auto cap or --caps did not run)."""
+    auto = next((r for r in rows if r.config == "auto"), None)
+    fixed = [r for r in rows if r.config == "flat" or r.config.startswith("cap")]
+    if auto is None or len(fixed) < 2:
+        return ""
+    best = min(fixed, key=lambda r: r.median_step_ms)
+    rounds = best.round_step_ms
+    spread = (max(rounds) - min(rounds)) / best.median_step_ms if len(rounds) > 1 else math.nan
+    chose = ", ".join(f"{c:g} MB" for c in auto.auto_caps) or "nothing recorded"
+    return (
+        f"auto cap: chose {chose}; median step {auto.median_step_ms:.1f} ms, "
+        f"{auto.median_step_ms / best.median_step_ms:.2f}x the fastest fixed cap's of "
+        f"{len(fixed)} ({_title(best)}: {best.median_step_ms:.1f} ms, its rounds "
+        f"{'/'.join(f'{m:.0f}' for m in rounds)} ms: spread {_num(100 * spread, '.0f', '%')})"
+    )
+
+
 def closing(result: TopologyResult, out: Outputs) -> Closing:
     """The table, then (after the 'took' line) what broke and the headline, last."""
     broken = [_title(r) for r in out.rows if not r.parity]
     return Closing(
         [format_table(out.rows, result.plan, result.links)],
         f"parity BROKEN in: {'; '.join(broken)}" if broken else "",
-        [headline_line(out.rows, result.plan)],
+        [line for line in [auto_cap_line(out.rows)] if line]
+        + [headline_line(out.rows, result.plan)],
     )
