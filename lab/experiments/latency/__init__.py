@@ -85,6 +85,20 @@ _OVERLAPS = {"both": (True, False), "on": (True,), "off": (False,)}
 _BACKWARD = next(f for f in dataclasses.fields(TrainConfig) if f.name == "backward_delay_ms")
 
 
+def _add_sweep_arguments(p: argparse.ArgumentParser) -> None:
+    """What a single-phase sweep runs on its link: the caps, and overlap on, off or both."""
+    p.add_argument(
+        "--caps", type=common.cap_list, default=DEFAULT_CAPS,
+        help="bucket caps in MB, comma-separated; 0 = per parameter, auto = the wrapper times "
+        "the link and picks its own (default "
+        f"{','.join(f'{c:g}' for c in DEFAULT_CAPS)})",
+    )  # fmt: skip
+    p.add_argument(
+        "--overlap", choices=_OVERLAPS, default="both",
+        help="which overlap settings each cap of a single-phase sweep runs with (default both)",
+    )  # fmt: skip
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ms", type=common.number(0), action="append",
@@ -106,16 +120,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "node: 2:20); repeat for several",
     )  # fmt: skip
     common.add_impairments(p)
-    p.add_argument(
-        "--caps", type=common.cap_list, default=DEFAULT_CAPS,
-        help="bucket caps in MB, comma-separated; 0 = per parameter, auto = the wrapper times "
-        "the link and picks its own (default "
-        f"{','.join(f'{c:g}' for c in DEFAULT_CAPS)})",
-    )  # fmt: skip
-    p.add_argument(
-        "--overlap", choices=_OVERLAPS, default="both",
-        help="which overlap settings each cap of a single-phase sweep runs with (default both)",
-    )  # fmt: skip
+    _add_sweep_arguments(p)
     p.add_argument(
         "--warmup", type=common.number(0, kind=int), default=2,
         help="first steps left out of the medians (gloo connection set-up) (default 2)",
