@@ -14,6 +14,7 @@ from ddp.report import Headline, Link, Page, Section, Table, write_page
 __all__ = ["bench_page", "write_bench_page"]
 
 _SHORT = {"ours/torch step time": "ours/torch", "ours+hook/ours step time": "ours+hook/ours",
+          "one node: ours+hierarchical/ours": "ours+hier/ours",
           "world size 1: ours/bare module": "ws1 ours/bare"}  # fmt: skip
 
 

@@ -27,14 +27,18 @@ from torch import nn
 
 from ddp.flight.recorder import FlightRecorder
 from ddp.program.config import Rendezvous
+from ddp.wrapper.comm_hooks import register_named_hook
 from ddp.wrapper.distributed import DistributedDataParallel
 
 __all__ = ["VARIANTS", "measure"]
 
 # "ours+rec": ours with the flight recorder attached, as `python -m ddp train` runs it: the price
 # of recording every collective and its true completion time. "ours+hook": ours with torch's
-# default allreduce comm hook registered, when our class has register_comm_hook.
-VARIANTS = ("ours", "torch", "per-param", "no-sync", "ours+rec", "ours+hook")
+# default allreduce comm hook registered, when our class has register_comm_hook. "ours+hier":
+# ours with the hierarchical hook asked for by name, on one node (the bench's ranks share this
+# host): it gathers the node names at construction, finds the topology flat and registers
+# nothing, so its steps must cost what ours do.
+VARIANTS = ("ours", "torch", "per-param", "no-sync", "ours+rec", "ours+hook", "ours+hier")
 _OPTIONAL = {"ours+hook"}  # needs API our class may not have yet: skipped, not an error
 
 
@@ -71,6 +75,10 @@ def _wrap(name: str, module: nn.Module) -> nn.Module:
         return DistributedDataParallel(module, flight_recorder=recorder)
     if name == "ours+hook":
         return _with_allreduce_hook(module)
+    if name == "ours+hier":
+        model = DistributedDataParallel(module)
+        assert register_named_hook(model, "hierarchical") is None  # one node: nothing registered
+        return model
     return module  # no-sync: the bare module
 
 
