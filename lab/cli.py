@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from lab.experiments import EXPERIMENTS
+from lab.hostflags import add_host_flags, check_nodes, host_set, reach
 from lab.tools import TOOLS
 
 __all__ = ["build_parser", "commands", "main"]
@@ -61,6 +62,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         mod.add_arguments(p)
+        if name in EXPERIMENTS:
+            add_host_flags(p)
         subparsers[name] = p
     return parser, subparsers
 
@@ -69,7 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Exit codes: 0 success, 1 failure, 2 bad arguments, 130 interrupted."""
     from ddp.torchfree import LogError
     from lab.engine import cluster
-    from lab.engine.client import LabError
+    from lab.engine.client import EngineUnreachable, LabError
+    from lab.engine.engines import using
     from lab.report.guard import guarded
 
     parser, subparsers = build_parser()
@@ -82,9 +86,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = mod.plan(args)
     except ValueError as e:
         subparsers[args.command].error(str(e))
+    try:  # the hosts' refusals are one line: the usage says nothing about engines
+        hosts = host_set(args)
+        check_nodes(hosts, plan)
+        reach(hosts)
+    except (ValueError, EngineUnreachable) as e:
+        print(f"{subparsers[args.command].prog}: error: {e}", file=sys.stderr)
+        return 2
     try:
         # guarded: a run that raises after its cluster started still leaves its failure page
-        return mod.report(guarded(mod.NAME, mod.run)(plan))
+        with using(hosts):
+            return mod.report(guarded(mod.NAME, mod.run)(plan))
     except (LabError, LogError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -9,6 +9,7 @@ from lab.engine.specs import DEFAULT_IMAGE
 
 __all__ = [
     "GONE",
+    "EngineUnreachable",
     "ImageMissing",
     "LabError",
     "NodeFailed",
@@ -34,6 +35,10 @@ class ImageMissing(LabError):
     pass
 
 
+class EngineUnreachable(LabError):
+    """An engine named by --hosts does not answer: bad input, refused before the run."""
+
+
 class NodeFailed(LabError):
     """A rank or node exited before the run finished."""
 
@@ -42,12 +47,22 @@ class RunTimeout(LabError):
     """A run or phase did not finish within its --run-timeout."""
 
 
-def connect(timeout_s: float = 120.0) -> docker.DockerClient:
-    """A client whose API calls time out after ``timeout_s`` (log streams are not limited)."""
+def connect(timeout_s: float = 120.0, endpoint: str = "") -> docker.DockerClient:
+    """A client whose API calls time out after ``timeout_s`` (log streams are not limited),
+    of ``endpoint`` (``unix://``, ``tcp://``, ``ssh://``), or by default of the engine
+    ``DOCKER_HOST`` names or the local one."""
     try:
-        client = docker.from_env(timeout=int(timeout_s))
+        if endpoint:
+            client = docker.DockerClient(base_url=endpoint, timeout=int(timeout_s))
+        else:
+            client = docker.from_env(timeout=int(timeout_s))
         client.ping()
     except GONE as e:
+        if endpoint:
+            raise EngineUnreachable(
+                f"cannot reach the Docker engine {endpoint} ({str(e).splitlines()[0][:160]}); "
+                "start it, or drop it from --hosts"
+            ) from None
         raise LabError(
             f"cannot reach the Docker engine ({e}); start it (on the lab machines: "
             "../shared/tools/docker-here.sh) or point DOCKER_HOST at a running one"

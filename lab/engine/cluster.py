@@ -21,8 +21,10 @@ from docker.models.containers import Container
 
 import docker
 from ddp.torchfree import TrainConfig
-from lab.engine.client import GONE, LabError, require_image
+from lab.engine.client import LabError, require_image
+from lab.engine.engines import Engines, current, down
 from lab.engine.events import Event
+from lab.engine.hosts import HostSet
 from lab.engine.job import Job, JobOptions
 from lab.engine.layout import Layout
 from lab.engine.specs import (
@@ -30,26 +32,27 @@ from lab.engine.specs import (
     LABEL,
     container_spec,
     job_dir,
-    network_spec,
     new_run_id,
     resource_name,
-    volume_spec,
 )
 from lab.engine.training import TORCHRUN_ENV, Torchrun, train_argvs
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["Cluster", "NodeHandle", "down"]
+__all__ = ["TCP_RDZV_PORT", "Cluster", "NodeHandle", "down"]
+
+TCP_RDZV_PORT = 29500  # across engines, job k of a cluster meets at rank 0's port 29500 + k
 
 
 @dataclass
 class NodeHandle:
-    """One node's container and the global ranks it runs."""
+    """One node's container, the global ranks it runs, and the host it runs on."""
 
     index: int
     ranks: list[int]
     container: Container
+    host: str = "host0"
 
     @property
     def name(self) -> str:
@@ -76,8 +79,11 @@ class Cluster:
         net_admin: bool = False,
         cpus: Mapping[int, float] | None = None,
         echo: Callable[[str], None] = print,
+        hosts: HostSet | None = None,
     ) -> None:
         self.client, self.layout, self.image = client, layout, image
+        # The hosts of the run (--hosts, default the local engine alone): see lab.engine.engines.
+        self.engines = Engines(client, hosts or current(), layout.nodes, echo)
         self.run_id = run_id or new_run_id()
         self.run_dir = run_dir
         self.lifetime_s, self.net_admin, self.cpus = lifetime_s, net_admin, dict(cpus or {})
@@ -86,18 +92,18 @@ class Cluster:
         self.jobs: list[Job] = []
 
     def __enter__(self) -> Cluster:
-        require_image(self.client, self.image)
+        require_image(self.engines.client(0), self.image)
         STARTED.append(self.run_id)
         try:
-            self.client.networks.create(**network_spec(self.run_id))
-            self.client.volumes.create(**volume_spec(self.run_id))
+            self.engines.create(self.run_id, self.image)
             for i in range(self.layout.nodes):
                 spec = container_spec(
                     self.run_id, i, self.image, lifetime_s=self.lifetime_s,
                     net_admin=self.net_admin, cpus=self.cpus.get(i),
                 )  # fmt: skip
-                container = self.client.containers.create(**spec)
-                self.nodes.append(NodeHandle(i, self.layout.ranks_of(i), container))
+                container = self.engines.client(i).containers.create(**spec)
+                host = self.engines.host(i).name
+                self.nodes.append(NodeHandle(i, self.layout.ranks_of(i), container, host))
             for node in self.nodes:
                 node.container.start()
         except BaseException:
@@ -130,7 +136,8 @@ class Cluster:
         directory is made first."""
         if any(j.name == name for j in self.jobs):
             raise ValueError(f"job {name!r} already ran in this cluster; pick another name")
-        self.check(0, ["mkdir", "-p", f"{job_dir(name)}/logs"], f"create {job_dir(name)}")
+        for node in self.engines.first_nodes():  # every engine has a volume of its own
+            self.check(node, ["mkdir", "-p", f"{job_dir(name)}/logs"], f"create {job_dir(name)}")
         job = Job(self, name, argvs, timeout_s, **options)
         self.jobs.append(job)
         return job.start()
@@ -144,8 +151,13 @@ class Cluster:
         overrides: Mapping[int, Mapping[str, Any]] | None = None,
         echo: Callable[[Event], None] | None = None,
     ) -> Job:
-        """A training job: ``python -m ddp train`` on every rank (:mod:`lab.engine.training`)."""
-        return self.job(name, train_argvs(name, self.layout, cfg, overrides), timeout_s, echo=echo)
+        """A training job: ``python -m ddp train`` on every rank (:mod:`lab.engine.training`),
+        meeting at a file on the shared volume, or across engines at rank 0's TCP store."""
+        init = None
+        if self.engines.several:  # one port per job: a finished job's store may linger
+            init = f"tcp://{self.address(0)}:{TCP_RDZV_PORT + len(self.jobs)}"
+        argvs = train_argvs(name, self.layout, cfg, overrides, init=init)
+        return self.job(name, argvs, timeout_s, echo=echo)
 
     def torchrun(
         self,
@@ -217,19 +229,21 @@ class Cluster:
             out.mkdir(parents=True, exist_ok=True)
             for node in self.nodes:
                 (out / f"{node.name}.log").write_text(job.output(node.index))
-            try:
-                # Any node sees the shared volume, and get_archive works on exited containers.
-                chunks, _ = self.nodes[0].container.get_archive(job_dir(job.name))
-                _extract(b"".join(chunks), out)
-            except docker.errors.NotFound:
-                continue  # the job never wrote there
+            # Any node sees its engine's volume, and get_archive works on exited containers;
+            # across engines each holds its own ranks' files, merged here.
+            for node in self.engines.first_nodes():
+                try:
+                    chunks, _ = self.nodes[node].container.get_archive(job_dir(job.name))
+                    _extract(b"".join(chunks), out)
+                except docker.errors.NotFound:
+                    continue  # the job never wrote there
         return dest
 
     def remove(self) -> int:
         """Remove everything of this run (by label, so half-created runs go too)."""
         for job in self.jobs:
             job.close()
-        removed = down(self.client, self.run_id)
+        removed = self.engines.remove(self.run_id)
         self.nodes = []
         return removed
 
@@ -252,29 +266,3 @@ def _extract(tar_bytes: bytes, dest: Path) -> None:
             data = tar.extractfile(member)
             assert data is not None
             target.write_bytes(data.read())
-
-
-def down(client: docker.DockerClient, run_id: str | None = None) -> int:
-    """Remove containers, networks and volumes labelled ``lab.run`` (``=run_id`` if given).
-
-    Containers go first: a network or volume in use cannot be removed.
-    """
-    selector = {"label": LABEL if run_id is None else f"{LABEL}={run_id}"}
-    removed = 0
-    for container in client.containers.list(all=True, filters=selector):
-        removed += _remove(container, force=True)
-    for network in client.networks.list(filters=selector):
-        removed += _remove(network)
-    for volume in client.volumes.list(filters=selector):
-        removed += _remove(volume, force=True)
-    return removed
-
-
-def _remove(resource: object, **kwargs: object) -> int:
-    try:
-        resource.remove(**kwargs)  # type: ignore[attr-defined]
-    except docker.errors.NotFound:
-        return 0  # removed concurrently (e.g. compose down, or a parallel lab down)
-    except GONE:
-        return 0  # e.g. a volume still in use by a container being removed; `lab down` again
-    return 1

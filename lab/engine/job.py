@@ -74,9 +74,9 @@ class Job:
 
     # --- running ------------------------------------------------------------------------
     def start(self) -> Job:
-        api = self.cluster.client.api
         self.started = time.time()
         for node in self.cluster.nodes:
+            api = node.container.client.api  # the node's own engine
             mine = {r: self.argvs[r] for r in self._slots(node.index) if r in self.argvs}
             if not mine:
                 continue
@@ -121,7 +121,7 @@ class Job:
             state = container.attrs["State"]
             if not state.get("Running"):
                 return int(state.get("ExitCode", -1))
-            code = self.cluster.client.api.exec_inspect(self._execs[node]).get("ExitCode")
+            code = container.client.api.exec_inspect(self._execs[node]).get("ExitCode")
             return -1 if code is None else int(code)
         return -1
 

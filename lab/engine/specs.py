@@ -22,6 +22,7 @@ __all__ = [
     "network_spec",
     "new_run_id",
     "node_name",
+    "overlay_spec",
     "resource_name",
     "volume_spec",
 ]
@@ -65,6 +66,12 @@ def job_dir(job: str) -> str:
 def network_spec(run_id: str) -> dict:
     """kwargs for ``client.networks.create``: a private bridge for this run only."""
     return {"name": resource_name(run_id), "driver": "bridge", "labels": {LABEL: run_id}}
+
+
+def overlay_spec(run_id: str) -> dict:
+    """kwargs for ``client.networks.create`` on a swarm manager: the run's network across
+    engines, ``attachable`` so that plain containers (not services) may join it."""
+    return {**network_spec(run_id), "driver": "overlay", "attachable": True}
 
 
 def volume_spec(run_id: str) -> dict:

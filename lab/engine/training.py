@@ -73,9 +73,12 @@ def train_argvs(
     layout: Layout,
     cfg: TrainConfig,
     overrides: Mapping[int, Mapping[str, Any]] | None = None,
+    *,
+    init: str | None = None,
 ) -> dict[int, list[str]]:
-    """Rank -> argv of a training job on ``layout``."""
-    init = f"file://{job_dir(job)}/rendezvous"
+    """Rank -> argv of a training job on ``layout``, meeting at ``init`` (default: a file in
+    the job's directory on the shared volume)."""
+    init = init or f"file://{job_dir(job)}/rendezvous"
     return {
         rank: train_argv(rank_cfg, Rendezvous(rank, layout.world_size, init))
         for rank, rank_cfg in rank_configs(job, layout, cfg, overrides).items()

@@ -41,7 +41,9 @@ def _job(streams, containers, ranks_per_node=1, argvs=None):
         NodeHandle(i, list(range(i * ranks_per_node, (i + 1) * ranks_per_node)), c)
         for i, c in enumerate(containers)
     ]
-    cluster = SimpleNamespace(client=SimpleNamespace(api=api), nodes=nodes)
+    for c in containers:  # every node execs through its own engine's client
+        c.client = SimpleNamespace(api=api)
+    cluster = SimpleNamespace(nodes=nodes)
     world = len(containers) * ranks_per_node
     argvs = argvs or {r: ["true"] for r in range(world)}
     seen = []

@@ -77,7 +77,9 @@ def test_a_per_node_job_follows_ranks_by_their_records():
     ]
     api = _Api({"c0": node0, "c1": node1})
     nodes = [NodeHandle(0, [0, 1], _Container("c0")), NodeHandle(1, [2, 3], _Container("c1"))]
-    cluster = SimpleNamespace(client=SimpleNamespace(api=api), nodes=nodes)
+    for node in nodes:  # every node execs through its own engine's client
+        node.container.client = SimpleNamespace(api=api)
+    cluster = SimpleNamespace(nodes=nodes)
     argvs = {0: ["torchrun", "a"], 1: ["torchrun", "b"]}
     job = Job(cluster, "j", argvs, 30, per_node=True).start()
     assert job.wait(10) == []

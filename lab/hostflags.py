@@ -1,0 +1,52 @@
+"""``--hosts`` and ``--placement``, which every experiment takes: the flags, and the checks that
+refuse bad input before any container exists (exit 2, one line): an entry that is no
+endpoint, a duplicate, a placement naming more hosts than given or not one per node, and an
+engine that does not answer."""
+
+from __future__ import annotations
+
+import argparse
+
+from lab.engine.client import connect
+from lab.engine.hosts import LOCAL, HostSet, parse_hosts, parse_placement
+
+__all__ = ["add_host_flags", "check_nodes", "host_set", "reach"]
+
+
+def add_host_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("several hosts (default: the local Docker engine alone)")
+    g.add_argument(
+        "--hosts",
+        metavar="LIST|FILE",
+        help="Docker engines to run the nodes on: comma-separated endpoints "
+        "(unix:///var/run/docker.sock, tcp://HOST:2375, ssh://USER@HOST; ENDPOINT=ADDRESS names "
+        "the address the other hosts reach it at) or a file with one a line; named host0, "
+        "host1, ... in that order. Nodes share a swarm overlay network (the lab makes the "
+        "swarm if there is none and removes it afterwards)",
+    )
+    g.add_argument(
+        "--placement",
+        metavar="HOSTS",
+        help="node i's host, one per node: host0,host1,host1 or 0,1,1 (default round-robin)",
+    )
+
+
+def host_set(args: argparse.Namespace) -> HostSet:
+    """The parsed flags; ValueError saying what is wrong (pure: no engine is asked)."""
+    hosts = parse_hosts(getattr(args, "hosts", None))
+    return HostSet(hosts, parse_placement(getattr(args, "placement", None), hosts))
+
+
+def check_nodes(hosts: HostSet, plan: object) -> None:
+    """A ``--placement`` must give every node of the plan's layout one host."""
+    layout = getattr(plan, "layout", None)
+    if layout is not None:
+        hosts.layout(layout.nodes)
+
+
+def reach(hosts: HostSet, timeout_s: float = 20.0) -> None:
+    """Ask every named engine once (EngineUnreachable naming the first that does not
+    answer); the default local engine is left to the run, which says how to start it."""
+    for host in hosts.hosts:
+        if host.endpoint != LOCAL:
+            connect(timeout_s, host.endpoint).close()
