@@ -39,8 +39,10 @@ def settings() -> str:
     return "\n".join(f"#   {name:<20} {default:<6} {what}" for name, default, what in ENV)
 
 
-def worker_command(ddp_flags: list[str], rdzv_id: str) -> list[str]:
-    """The ``sh -c`` script of one worker, as the lines of a folded YAML scalar."""
+def worker_command(ddp_flags: list[str], rdzv_id: str, *, shared: bool = True) -> list[str]:
+    """The ``sh -c`` script of one worker, as the lines of a folded YAML scalar. ``shared``:
+    the exit code goes to a file on the shared volume; else to the ``rdzv`` store over TCP
+    (a stack across hosts, which share no volume)."""
     head = torchrun_head(
         _var("NNODES"), _var("NPROC_PER_NODE"), f"rdzv:{RDZV_PORT}", rdzv_id,
         _var("MAX_RESTARTS"), "is_host=false,join_timeout=${JOIN_TIMEOUT:-120}",
@@ -56,14 +58,22 @@ def worker_command(ddp_flags: list[str], rdzv_id: str) -> list[str]:
         *ddp_flags,
     ]
     lines[-1] += ";"
-    lines.append("code=$$?; echo $$code > /shared/exits/$$(hostname); exit $$code")
+    if shared:
+        lines.append("code=$$?; echo $$code > /shared/exits/$$(hostname); exit $$code")
+    else:
+        lines.append(
+            f"code=$$?; python -m lab.node.store --report rdzv:{RDZV_PORT} "
+            '--name "$$(hostname)" --code "$$code"; exit $$code'
+        )
     return lines
 
 
-def store_entrypoint() -> str:
-    """The ``rdzv`` service's entrypoint: the c10d store, until every worker's exit code."""
+def store_entrypoint(*, shared: bool = True) -> str:
+    """The ``rdzv`` service's entrypoint: the c10d store, until every worker's exit code (in
+    files on the shared volume, or with ``shared`` False reported to the store itself)."""
     return words(
-        "python", "-m", "lab.node.store", f"--port={RDZV_PORT}", "--dir=/shared/exits",
+        "python", "-m", "lab.node.store", f"--port={RDZV_PORT}",
+        *(["--dir=/shared/exits"] if shared else []),
         "--count=${NNODES:-4}", "--timeout=${RUN_TIMEOUT:-900}",
     )  # fmt: skip
 

@@ -18,6 +18,19 @@ def test_every_service_is_dnsrr_on_an_overlay_and_never_restarted_by_the_swarm()
         assert deploy["restart_policy"] == {"condition": "none"}, name
         assert stack["services"][name]["networks"] == ["net"]
     assert stack["services"]["worker"]["deploy"]["replicas"] == "${NNODES:-4}"
+    assert stack["services"]["worker"]["deploy"]["placement"] == {
+        "max_replicas_per_node": "${MAX_PER_HOST:-1}"
+    }
+
+
+def test_nothing_is_shared_but_the_network():
+    stack = yaml.safe_load(render())
+    assert "volumes" not in stack
+    for name in ("rdzv", "worker"):
+        assert "volumes" not in stack["services"][name], name
+    worker = stack["services"]["worker"]["entrypoint"][2]
+    assert "/shared/exits" not in worker and "/shared/exits" not in render()
+    assert 'lab.node.store --report rdzv:29400 --name "$$(hostname)" --code "$$code"' in worker
 
 
 def test_switches_are_left_to_the_containers_shell():
@@ -31,8 +44,10 @@ def test_switches_are_left_to_the_containers_shell():
 def test_the_worker_runs_what_compose_runs():
     worker = yaml.safe_load(render())["services"]["worker"]["entrypoint"][2]
     composed = yaml.safe_load(render_compose())["services"]["worker"]["entrypoint"][2]
-    assert worker.startswith("mkdir -p /shared/exits; torchrun --nnodes")
+    assert worker.startswith("torchrun --nnodes")
     assert "--rdzv-endpoint rdzv:29400" in worker and "--auto-resume" in worker
-    assert worker.split("--rdzv-id stack")[1] == composed.split("--rdzv-id compose")[1].replace(
+    # the same training; only where the exit code goes differs (the store, not a volume)
+    train = worker.split("--rdzv-id stack")[1].split("code=$$?")[0]
+    assert train == composed.split("--rdzv-id compose")[1].split("code=$$?")[0].replace(
         "${NO_OVERLAP:+", "$${NO_OVERLAP:+"
     ).replace("${NO_REFERENCE:+", "$${NO_REFERENCE:+")
