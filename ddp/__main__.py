@@ -26,6 +26,8 @@ from ddp.program.logs import setup_logging
 from ddp.program.outcome import EXIT_CODES, run_guarded
 from ddp.program.rendezvous import check_reachable
 from ddp.program.train import run_rank
+from ddp.recovery.cli import add_fault_arguments, check_live_run
+from ddp.recovery.rank import exit_now
 from ddp.report.local import write_local_report
 
 __all__ = ["main"]
@@ -34,6 +36,10 @@ log = logging.getLogger("ddp")
 
 
 def _run_local(args: argparse.Namespace, cfg: TrainConfig, argv: list[str]) -> int:
+    if cfg.recovery == "live":
+        from ddp.recovery.local import run_local
+
+        return run_local(cfg, args)
     out = spawn_local(cfg, args.world_size)
     if out.message:
         print(out.message, file=sys.stderr if out.code >= 2 else sys.stdout)
@@ -45,7 +51,9 @@ def _run_local(args: argparse.Namespace, cfg: TrainConfig, argv: list[str]) -> i
     return out.code
 
 
-def _rendezvous(args: argparse.Namespace) -> Rendezvous:
+def _rendezvous(args: argparse.Namespace, cfg: TrainConfig) -> Rendezvous:
+    if cfg.recovery == "live" and args.init_method is None and cfg.coordinator:
+        args.init_method = f"tcp://{cfg.coordinator}"  # the coordinator's store is the rendezvous
     given = [args.rank is not None, args.world_size is not None, args.init_method is not None]
     if any(given) and not all(given):
         raise ValueError("pass all of --rank, --world-size and --init-method, or none (torchrun)")
@@ -60,6 +68,8 @@ def _run_one(cfg: TrainConfig, rdzv: Rendezvous) -> int:
     if out.message:
         # With --log-all-ranks the formatter names the rank already.
         log.error(out.message if cfg.log_all_ranks else f"[rank{rdzv.rank}] {out.message}")
+    if cfg.recovery == "live":
+        exit_now(out.code)  # abandoned gloo groups must not hold the exit (ddp.recovery.rank)
     return out.code
 
 
@@ -117,6 +127,7 @@ def _parser(one_rank: bool) -> tuple[argparse.ArgumentParser, list[str]]:
         )
     else:
         p.add_argument("--world-size", type=int, default=4, help="local ranks (default 4)")
+        add_fault_arguments(p)
     return p, add_train_arguments(p)
 
 
@@ -131,8 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not one_rank and args.world_size < 1:
             raise ValueError(f"--world-size must be >= 1, got {args.world_size}")
         cfg = config_from_args(args, names)
-        rdzv = _rendezvous(args) if one_rank else None
-        cfg.local_batch(rdzv.world_size if rdzv else args.world_size)
+        check_live_run(cfg, args.world_size, one_rank, args)
+        rdzv = _rendezvous(args, cfg) if one_rank else None
+        world = rdzv.world_size if rdzv else args.world_size
+        if cfg.recovery != "live":  # live keeps the global batch over any world (ddp.recovery)
+            cfg.local_batch(world)
         _check_writable("--log-dir", cfg.log_dir)
         _check_writable("--checkpoint-dir", cfg.checkpoints)
         if rdzv is not None:

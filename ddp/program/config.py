@@ -31,6 +31,7 @@ __all__ = [
     "MODEL_NAMES",
     "POWERSGD_RANK",
     "POWERSGD_START_ITER",
+    "RECOVERY_MODES",
     "SYNC_MODES",
     "WRAPPERS",
     "Rendezvous",
@@ -47,6 +48,7 @@ SYNC_MODES = ("allreduce", "barrier", "none")
 # checkpoints, delays to watch them), "output" where and how it reports.
 GROUPS = ("train", "fault", "output")
 WRAPPERS = ("ours", "torch")
+RECOVERY_MODES = ("restart", "live")
 
 
 def _opt(default: Any, help: str, group: str = "train", **meta: Any) -> Any:
@@ -107,6 +109,20 @@ class TrainConfig:
     collective_timeout_s: float = _opt(
         300.0, "seconds a rank waits for its peers in one collective", "fault",
         flag="--collective-timeout", metavar="S",
+    )  # fmt: skip
+    recovery: str = _opt(
+        "restart",
+        "what a lost rank costs: restart (the job stops; resume from a checkpoint) or live (the "
+        "survivors go on in a new quorum, a rank that joins heals from a peer: ddp.recovery)",
+        "fault", choices=RECOVERY_MODES,
+    )  # fmt: skip
+    coordinator: str | None = _opt(
+        None, "HOST:PORT of the live-recovery coordinator (python -m ddp.recovery.coordinator); "
+        "python -m ddp starts one itself", "fault", metavar="HOST:PORT",
+    )  # fmt: skip
+    heartbeat_timeout_s: float = _opt(
+        2.0, "--recovery live: a rank whose heartbeats stop this long leaves the quorum",
+        "fault", flag="--heartbeat-timeout", metavar="S",
     )  # fmt: skip
     checkpoint_every: int = _opt(
         0, "rank 0 writes an atomic checkpoint every K steps; 0 = never", "fault", metavar="K"
@@ -181,6 +197,11 @@ class TrainConfig:
                 "pass "
                 "--checkpoint-dir DIR (or --log-dir DIR, which implies DIR/checkpoints)"
             )
+
+        if self.recovery != "restart" or self.coordinator:
+            from ddp.recovery.settings import check_live  # torch-free
+
+            check_live(self)
 
     @property
     def checkpoints(self) -> Path | None:

@@ -154,6 +154,10 @@ def _from_dict(data: Any) -> Record | None:
     if not isinstance(data, dict) or not isinstance(data.get("event"), str):
         raise ValueError("not a record (no 'event')")
     kind = _TYPES.get(data["event"])
+    if kind is None:  # live recovery's events (imported here: they subclass Record)
+        from ddp.recovery.records import KINDS
+
+        kind = KINDS.get(data["event"])
     if kind is None:
         return None
     names = {f.name for f in dataclasses.fields(kind)}

@@ -41,6 +41,10 @@ def run_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
     Raises ``PeerFailure`` (with the diagnosis as message) when a collective fails because
     another rank died, stalled or was cut off, or when a rank never joined (``NeverJoined``).
     """
+    if cfg.recovery == "live":  # a quorum per step instead of one group (ddp.recovery)
+        from ddp.recovery.rank import run_live_rank
+
+        return run_live_rank(cfg, rdzv)
     # torch.optim imports torch._dynamo lazily; imported while a group exists, it keeps a C++
     # reference to the group past destroy_process_group(), and gloo's threads then run into
     # interpreter shutdown (the bench's rare SIGABRT). Imported before the group, it takes none.

@@ -43,6 +43,14 @@ _ALWAYS_SAMPLED = 10
 _PHASES = ("forward_compute", "backward_compute", "backward_comm", "backward_compute_comm_overlap")
 
 
+def _group_facts(group: dist.ProcessGroup | None) -> tuple[int, int, str]:
+    """World size, rank and backend of ``group``. A group built directly (live recovery builds
+    a ``ProcessGroupGloo`` per quorum, outside torch's registry) answers for itself."""
+    if group is not None and group not in dist.distributed_c10d._world.pg_map:
+        return group.size(), group.rank(), group.name()
+    return dist.get_world_size(group), dist.get_rank(group), str(dist.get_backend(group))
+
+
 class DDPLoggingData:
     """Construction-time facts plus sampled runtime stats of one wrapper."""
 
@@ -54,13 +62,14 @@ class DDPLoggingData:
         process_group: dist.ProcessGroup | None,
         settings: dict[str, int],
     ) -> None:
+        world, rank, backend = _group_facts(process_group)
         self.data: dict[str, str | int] = {
-            "world_size": dist.get_world_size(process_group),
-            "rank": dist.get_rank(process_group),
+            "world_size": world,
+            "rank": rank,
             "module_name": type(module).__name__,
             "device_ids": "",
             "output_device": -1,
-            "backend_name": str(dist.get_backend(process_group)),
+            "backend_name": backend,
             "is_multi_device_module": 0,
             "num_parameter_tensors": len(params),
             "total_parameter_size_bytes": sum(p.numel() * p.element_size() for p in params),

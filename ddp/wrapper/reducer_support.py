@@ -12,7 +12,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -42,6 +42,10 @@ def is_view_of(grad: torch.Tensor, view: torch.Tensor) -> bool:
 
 class ReducerSupport:
     """Mixin of ``ddp.wrapper.reducer.Reducer``; the attributes it reads are set there."""
+
+    # How the end of backward waits for each bucket's collective. Live recovery replaces it
+    # with a wait that a peer's abort notice interrupts (ddp.recovery.waiting).
+    wait_work: Callable[[Any], Any] = staticmethod(lambda work: work.wait())
 
     def register_comm_hook(self, state: object, hook: Callable) -> None:
         """Route every bucket through ``hook(state, GradBucket)`` instead of the averaging
@@ -199,7 +203,7 @@ class ReducerSupport:
             if work is None:
                 assert self._local_only, "every bucket launched a collective"
                 continue
-            value = work.wait()
+            value = self.wait_work(work)
             if self._hook is not None:
                 flat = self._flats[b]
                 result = hook_result(value, b, flat.numel())

@@ -54,10 +54,12 @@ def check_arguments(
     device_ids: Sequence[Any] | None,
     output_device: Any,
     check_reduction: bool,
+    group_given: bool = False,
 ) -> None:
     """Every check ``DistributedDataParallel.__init__`` makes before it touches the group, in
-    torch's order, so the same mistake raises the same error as with torch's DDP."""
-    if not dist.is_available() or not dist.is_initialized():
+    torch's order, so the same mistake raises the same error as with torch's DDP. A group
+    passed in needs no default group (live recovery builds one per quorum)."""
+    if not dist.is_available() or not (group_given or dist.is_initialized()):
         raise RuntimeError(
             "DistributedDataParallel needs an initialized process group: call "
             "torch.distributed.init_process_group('gloo', ...) first (or launch with "

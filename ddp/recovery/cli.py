@@ -1,0 +1,55 @@
+"""The command-line side of ``--recovery live`` in ``python -m ddp``: the local fault flags
+and the checks that refuse bad input before any process starts (exit 2). Torch-free."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["add_fault_arguments", "check_live_run"]
+
+
+def add_fault_arguments(p: argparse.ArgumentParser) -> None:
+    """``--kill-rank R --kill-at-step S [--rejoin]`` of local ``python -m ddp``."""
+    g = p.add_argument_group("live recovery, locally (with --recovery live)")
+    g.add_argument(
+        "--kill-rank", type=int, metavar="R", help="SIGKILL rank R once it starts step S"
+    )
+    g.add_argument("--kill-at-step", type=int, metavar="S", help="the step of --kill-rank")
+    g.add_argument(
+        "--rejoin", action="store_true",
+        help="start a replacement for the killed rank once the survivors committed a step",
+    )  # fmt: skip
+
+
+def check_live_run(
+    cfg: Any, world_size: int | None, one_rank: bool, args: argparse.Namespace
+) -> None:
+    """ValueError (one line, what to do) for a live run that cannot work (``world_size``
+    None: not given, the rendezvous check says so)."""
+    kill = getattr(args, "kill_rank", None), getattr(args, "kill_at_step", None)
+    rejoin = getattr(args, "rejoin", False)
+    if cfg.recovery != "live":
+        if kill != (None, None) or rejoin:
+            raise ValueError("--kill-rank, --kill-at-step and --rejoin need --recovery live")
+        return
+    if one_rank and not cfg.coordinator:
+        raise ValueError(
+            "--recovery live needs --coordinator HOST:PORT: start one first with python -m "
+            f"ddp.recovery.coordinator --port 29500 --world-size {world_size or 'N'}"
+        )
+    if world_size is not None and world_size < 2:
+        raise ValueError(
+            f"--recovery live needs --world-size >= 2, got {world_size}: with one rank there "
+            "is nobody to go on without it"
+        )
+    if not one_rank and cfg.coordinator:
+        raise ValueError("python -m ddp starts its own coordinator: drop --coordinator")
+    if (kill[0] is None) != (kill[1] is None):
+        raise ValueError("pass --kill-rank and --kill-at-step together")
+    if kill[0] is not None and not 0 <= kill[0] < (world_size or 0):
+        raise ValueError(f"--kill-rank must be in 0..{world_size - 1}, got {kill[0]}")
+    if kill[1] is not None and not 1 <= kill[1] <= cfg.steps:
+        raise ValueError(f"--kill-at-step must be in 1..{cfg.steps}, got {kill[1]}")
+    if rejoin and kill[0] is None:
+        raise ValueError("--rejoin replaces the rank --kill-rank killed: add --kill-rank")

@@ -1,0 +1,190 @@
+"""``python -m ddp.recovery.coordinator``: the store and the quorum of a ``--recovery live`` job.
+
+It runs apart from every rank (a process, or a container of its own in the lab), so no rank's
+death takes it along. It holds the ``TCPStore`` every rank connects to, and every few
+milliseconds: reads new registrations, watches every member's heartbeat counter (a counter,
+not a timestamp: the coordinator's own clock judges staleness, so hosts' clocks need not
+agree), and decides the next quorum (``ddp.recovery.quorum``):
+
+* an abort notice for the current quorum (posted by a rank whose collective failed, or by the
+  coordinator itself for a member whose heartbeat stopped) opens a short window in which the
+  survivors check in; the next quorum is who checked in, plus ranks waiting to join;
+* ranks waiting to join, without an abort, give a next quorum at once; the members switch to
+  it at their next step boundary (they agree on which one in their commit vote).
+
+It exits 0 once every member of the last quorum has finished, 3 when it refuses a quorum
+(fewer than half left), 1 at ``--timeout``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import timedelta
+
+__all__ = ["Coordinator", "main"]
+
+
+class Coordinator:
+    """The coordinator's state; ``tick()`` does one round of reading and deciding."""
+
+    def __init__(self, store, world_size: int, heartbeat_timeout_s: float, window_s: float) -> None:
+        self.store, self.expected = store, world_size
+        self.heartbeat_timeout_s, self.window_s = heartbeat_timeout_s, window_s
+        self.quorum = None  # the current Quorum
+        self.seen = 0  # registrations read so far
+        self.waiting: list[str] = []  # registered, not yet in a quorum
+        self.beats: dict[str, tuple[int, float]] = {}  # uid -> (counter, when it last moved)
+        self.aborted_at: float | None = None
+        self.dead: set[str] = set()
+        self.t0 = time.monotonic()
+        self.exit_code: int | None = None
+
+    def say(self, text: str) -> None:
+        print(f"[coordinator +{time.monotonic() - self.t0:8.3f} s] {text}", flush=True)
+
+    def tick(self) -> None:
+        from ddp.recovery.protocol import keys
+
+        now = time.monotonic()
+        self._read_registrations(now)
+        stale = self._stale(now)
+        self.waiting = [u for u in self.waiting if u not in stale]
+        if self.quorum is None:
+            self._publish_if_any(None)
+            return
+        if self._all_done():
+            self.say(f"every member of quorum {self.quorum.id} finished")
+            self.exit_code = 0
+            return
+        q = self.quorum.id
+        if self.aborted_at is None:
+            notice = self.store.check([keys.notify(q)])
+            lost = [u for u in self.quorum.members if u in stale]
+            if not notice and lost:
+                why = ", ".join(f"rank {u.split('.')[0]}" for u in lost)
+                why += f" missed heartbeats for {self.heartbeat_timeout_s:g} s"
+                note = {"kind": "abort", "by": "coordinator", "why": why}
+                self.store.compare_set(keys.notify(q), "", json.dumps(note))
+                notice = True
+            if notice:
+                self.aborted_at, self.dead = now, set(lost)
+                self.say(f"quorum {q} aborted: {self.store.get(keys.notify(q)).decode()}")
+            elif self.waiting:
+                self._publish_if_any(None)
+            return
+        self._after_abort(now, stale)
+
+    def _after_abort(self, now: float, stale: set[str]) -> None:
+        from ddp.recovery.protocol import keys
+        from ddp.recovery.quorum import window_closed
+
+        q = self.quorum.id
+        n = self.store.add(keys.ready(q), 0)
+        checked = [self.store.get(keys.ready_uid(q, i)).decode() for i in range(1, n + 1)]
+        alive = [u for u in self.quorum.members if u not in stale and u not in self.dead]
+        if window_closed(alive, checked, now - self.aborted_at, self.window_s):
+            self._publish_if_any(checked)
+
+    def _publish_if_any(self, survivors: list[str] | None) -> None:
+        from ddp.recovery.protocol import keys
+        from ddp.recovery.quorum import decide
+
+        nxt = decide(self.quorum, expected=self.expected, joiners=self.waiting, survivors=survivors)
+        if nxt is None:
+            return
+        if self.quorum is not None and survivors is None:  # a join: tell the members at once
+            note = {"kind": "superseded", "next": nxt.id, "why": nxt.reason}
+            self.store.compare_set(keys.notify(self.quorum.id), "", json.dumps(note))
+        self.store.set(keys.quorum(nxt.id), nxt.to_json())
+        self.quorum, self.aborted_at, self.dead = nxt, None, set()
+        self.waiting = [u for u in self.waiting if u not in nxt.members]
+        if nxt.refused:
+            self.say(f"quorum {nxt.id} refused: {nxt.refused}")
+            self.exit_code = 3
+            return
+        who = ", ".join(map(str, nxt.replicas))
+        self.say(f"quorum {nxt.id} formed: ranks {who} (world {nxt.world_size}; {nxt.reason})")
+
+    def _read_registrations(self, now: float) -> None:
+        from ddp.recovery.protocol import keys
+
+        total = self.store.add(keys.JOINED, 0)
+        for n in range(self.seen + 1, total + 1):
+            uid = self.store.get(keys.joined(n)).decode()
+            self.waiting.append(uid)
+            self.beats[uid] = (-1, now)
+            self.say(f"rank {uid.split('.')[0]} registered (member {uid})")
+        self.seen = total
+
+    def _stale(self, now: float) -> set[str]:
+        """Members and joiners whose heartbeat counter has not moved for the timeout."""
+        from ddp.recovery.protocol import keys
+
+        watched = list(self.waiting) + list(self.quorum.members if self.quorum else ())
+        if not watched:
+            return set()
+        values = self.store.multi_get([keys.heartbeat(u) for u in watched])
+        stale = set()
+        for uid, raw in zip(watched, values, strict=True):
+            count = int(raw)
+            last, when = self.beats.get(uid, (-1, now))
+            if count != last:
+                self.beats[uid] = (count, now)
+            elif now - when > self.heartbeat_timeout_s:
+                stale.add(uid)
+        return stale
+
+    def _all_done(self) -> bool:
+        from ddp.recovery.protocol import keys
+
+        return self.store.check([keys.done(u) for u in self.quorum.members])
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ddp.recovery.coordinator", description=__doc__)
+    p.add_argument("--port", type=int, required=True, help="TCP port of the store")
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    p.add_argument("--world-size", type=int, required=True, help="ranks of the first quorum")
+    p.add_argument(
+        "--heartbeat-timeout", type=float, default=2.0, metavar="S",
+        help="a member whose heartbeat stops this long is dropped (default 2)",
+    )  # fmt: skip
+    p.add_argument(
+        "--window-ms", type=float, default=150.0, metavar="MS",
+        help="after an abort, how long survivors have to check in (default 150)",
+    )  # fmt: skip
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds at most (default 3600)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    args = p.parse_args(argv)
+    if args.world_size < 2:
+        p.error(f"--world-size must be >= 2 for live recovery, got {args.world_size}")
+    if not args.heartbeat_timeout > 0 or not args.window_ms > 0:
+        p.error("--heartbeat-timeout and --window-ms must be > 0")
+    from torch.distributed import TCPStore
+
+    store = TCPStore(
+        args.host, args.port, is_master=True, wait_for_workers=False,
+        timeout=timedelta(seconds=60),
+    )  # fmt: skip
+    coord = Coordinator(store, args.world_size, args.heartbeat_timeout, args.window_ms / 1e3)
+    coord.say(f"store listening on {args.host}:{args.port}, waiting for {args.world_size} ranks")
+    deadline = time.monotonic() + args.timeout
+    while coord.exit_code is None and time.monotonic() < deadline:
+        coord.tick()
+        time.sleep(0.005)
+    if coord.exit_code is None:
+        coord.say(f"stopping after --timeout {args.timeout:g} s")
+        return 1
+    time.sleep(1.0)  # let the ranks read the last quorum before the store goes away
+    return coord.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

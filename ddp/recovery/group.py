@@ -1,0 +1,60 @@
+"""A fresh gloo group per quorum, under the store prefix of its id.
+
+Every member of quorum ``q`` builds ``ProcessGroupGloo`` on ``PrefixStore("rec/pg/q/")``:
+the addresses it exchanges cannot mix with an older group's. Building connects every pair, so
+it waits for every member; it runs on a thread of its own, waited on like a collective
+(``wait_group``), so that a member that died before connecting cannot hold the others. Each
+build uses its own store connection: one left waiting inside gloo must not hold the store for
+the rest of this rank.
+
+Old groups are kept, never destroyed: destroying a gloo group joins its threads, and a thread
+inside an abandoned collective only returns at gloo's timeout. The process ends with
+``os._exit`` (see ``ddp.recovery.rank``), which does not wait for them.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from ddp.recovery.member import Member
+from ddp.recovery.protocol import Quorum, keys
+from ddp.recovery.waiting import QuorumLost
+
+__all__ = ["build_group"]
+
+_KEPT: list[object] = []  # every group (and builder) this process made, alive until os._exit
+
+
+def build_group(member: Member, quorum: Quorum, timeout_s: float) -> dist.ProcessGroup:
+    """This member's gloo group for ``quorum``; ``QuorumLost`` if the quorum ends first."""
+    rank = quorum.group_rank(member.uid)
+    assert rank is not None, "only members build the group"
+    done = threading.Event()
+    out: dict[str, object] = {}
+    store = dist.PrefixStore(keys.prefix(quorum.id), member.store.clone())
+
+    def build() -> None:
+        try:
+            out["pg"] = dist.ProcessGroupGloo(
+                store, rank, quorum.world_size, timedelta(seconds=timeout_s)
+            )
+        except RuntimeError as e:
+            out["error"] = e
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=build, daemon=True)
+    _KEPT.append(out)
+    with member.waking(done):
+        thread.start()
+        if not done.wait(timeout_s) and "pg" not in out:
+            raise QuorumLost(f"building the group of quorum {quorum.id} timed out", "self")
+        if member.abort is not None and "pg" not in out:
+            raise QuorumLost(member.abort["why"], member.abort["by"])
+    if "error" in out:
+        first = str(out["error"]).splitlines()[0][:160]
+        raise QuorumLost(f"building the group of quorum {quorum.id} failed: {first}", "self")
+    return out["pg"]  # type: ignore[return-value]

@@ -1,0 +1,190 @@
+"""``python -m ddp --recovery live``: a live job on this host, as the lab runs one in
+containers. A coordinator process, then one ``python -m ddp train --recovery live`` process per
+rank; with ``--kill-rank R --kill-at-step S`` rank R is SIGKILLed once it committed step S-1
+(so the kill lands in step S), and with ``--rejoin`` a replacement for it starts once the
+survivors committed a step without it. The ranks' typed records (``@ddp`` lines) drive the
+fault injection and the timeline printed at the end; group rank 0's table and the
+coordinator's lines are passed through as they come.
+
+Exit 0 only if every rank that was not killed exited 0 (its live verdict held) and all of
+them ended with bitwise-identical parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import IO
+
+from ddp.program.config import TrainConfig
+from ddp.program.records import EndRecord, Record, StepRecord, parse_record_line
+from ddp.recovery.records import CommitRecord, RecoveryVerdictRecord
+from ddp.recovery.timeline import figures, timeline
+
+__all__ = ["run_local"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _follow(name: int | str, stream: IO[str], out: queue.Queue) -> None:
+    """Records go to ``out``; other lines are printed as they come."""
+    for line in stream:
+        record = parse_record_line(line)
+        if record is not None:
+            out.put((name, record))
+        elif line.strip():
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+
+class _Job:
+    """The coordinator and rank processes of one local live run."""
+
+    def __init__(self, cfg: TrainConfig, world: int, log_dir: str) -> None:
+        self.cfg, self.world = cfg, world
+        self.port = _free_port()
+        self.records: queue.Queue = queue.Queue()
+        self.events: list[Record] = []
+        self.extra: list[tuple[float, str]] = []
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.rank_cfg = cfg.replace(
+            coordinator=f"127.0.0.1:{self.port}", log_dir=log_dir, emit_records=True
+        )
+        timeout = f"{max(300.0, cfg.steps * 10.0):g}"
+        self._start(
+            "coordinator", "-m", "ddp.recovery.coordinator", "--port", str(self.port),
+            "--world-size", str(world), "--heartbeat-timeout", f"{cfg.heartbeat_timeout_s:g}",
+            "--timeout", timeout,
+        )  # fmt: skip
+
+    def _start(self, name: str, *argv: str) -> subprocess.Popen:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        p = subprocess.Popen(
+            [sys.executable, *argv], stdout=subprocess.PIPE, text=True, env=env, bufsize=1
+        )
+        self.procs[name] = p
+        threading.Thread(target=_follow, args=(name, p.stdout, self.records), daemon=True).start()
+        return p
+
+    def start_rank(self, rank: int, name: str) -> None:
+        argv = ["--rank", str(rank), "--world-size", str(self.world), *self.rank_cfg.to_argv()]
+        self._start(name, "-m", "ddp", "train", *argv)
+
+    def ranks_running(self) -> bool:
+        return any(p.poll() is None for n, p in self.procs.items() if n != "coordinator")
+
+    def drain(self) -> list[tuple[str, Record]]:
+        got = []
+        while True:
+            try:
+                got.append(self.records.get_nowait())
+            except queue.Empty:
+                return got
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=10)
+
+
+def _drive(job: _Job, kill: tuple[int, int] | None, rejoin: bool, deadline: float) -> float | None:
+    """Run until every rank exited; inject the fault; returns the kill's wall-clock time."""
+    t_kill = None
+    while job.ranks_running() or not job.records.empty():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the live run did not finish in time")
+        for name, r in job.drain():
+            job.events.append(r)
+            done = isinstance(r, CommitRecord) and r.committed
+            # After its check of step S-1 (its step record): the kill lands in step S itself.
+            checked = isinstance(r, StepRecord) and r.step == kill[1] - 1 if kill else False
+            if kill and t_kill is None and name == str(kill[0]) and (checked or kill[1] == 1):
+                job.procs[name].send_signal(signal.SIGKILL)
+                t_kill = time.time()
+                job.extra.append((t_kill, f"rank {kill[0]} SIGKILLed in step {kill[1]}"))
+            late = t_kill is not None and done and r.world_size == job.world - 1
+            if rejoin and late and f"{kill[0]}+" not in job.procs:
+                job.extra.append((time.time(), f"replacement for rank {kill[0]} started"))
+                job.start_rank(kill[0], f"{kill[0]}+")
+        time.sleep(0.005)
+    return t_kill
+
+
+def _report(job: _Job, t_kill: float | None, kill: tuple[int, int] | None) -> int:
+    ends = [r for r in job.events if isinstance(r, EndRecord)]
+    verdicts = [r for r in job.events if isinstance(r, RecoveryVerdictRecord)]
+    t0 = (
+        t_kill
+        if t_kill is not None
+        else min((r.t for r in job.events if hasattr(r, "t")), default=0)
+    )
+    what = f"seconds after rank {kill[0]} was killed" if t_kill else "seconds"
+    print(f"live recovery timeline ({what}):")
+    for line in timeline(job.events, t0, job.extra):
+        print(line)
+    survivors = {n: p.returncode for n, p in job.procs.items() if n not in ("coordinator",)}
+    if kill:
+        survivors.pop(str(kill[0]), None)
+    codes_ok = all(c == 0 for c in survivors.values())
+    digests = {e.params_sha256 for e in ends}
+    if t_kill is not None:
+        f = figures(job.events, t_kill, job.world)
+        print(_figures_line(f, kill, job.world))
+    message = verdicts[-1].message if verdicts else "no rank reached the end"
+    ok = codes_ok and len(digests) == 1 and len(ends) >= len(survivors) and bool(verdicts)
+    ok = ok and all(v.holds for v in verdicts)
+    same = f"{len(ends)} replicas bitwise identical at the end" if len(digests) == 1 else (
+        f"replicas DIFFER at the end ({len(digests)} digests)")  # fmt: skip
+    exits = ", ".join(f"rank {n} {c}" for n, c in sorted(survivors.items()))
+    print(f"{message}; {same} (exit codes: {exits})")
+    return 0 if ok else (3 if any(c == 3 for c in survivors.values()) else 1)
+
+
+def _figures_line(f: dict, kill: tuple[int, int], world: int) -> str:
+    def s(v: float | None) -> str:
+        return "never" if v is None else f"{v:.3f} s"
+
+    line = (
+        f"fault -> noticed {s(f['noticed_s'])}, -> new quorum {s(f['quorum_s'])}, -> first "
+        f"committed step at world {world - 1} {s(f['first_commit_s'])} (step "
+        f"{f['first_commit_step']}"
+        f"; one step took {f['step_ms'] or 0:.1f} ms before the fault)"
+    )
+    if "heal_s" in f:
+        line += (
+            f"; rank {kill[0]} healed from rank {f['heal_from']}: {f['heal_bytes'] / 1e6:.2f} MB "
+            f"in {f['heal_s'] * 1e3:.1f} ms, registration -> first committed step "
+            f"{s(f['registered_to_step_s'])} (process start -> registration {s(f['startup_s'])})"
+        )
+    return line
+
+
+def run_local(cfg: TrainConfig, args: argparse.Namespace) -> int:
+    """The whole local live run; its exit code."""
+    log_dir = cfg.log_dir or tempfile.mkdtemp(prefix="ddp-live-")
+    kill = (args.kill_rank, args.kill_at_step) if args.kill_rank is not None else None
+    # A terminated launcher still stops its processes (the finally below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    job = _Job(cfg, args.world_size, log_dir)
+    try:
+        for r in range(args.world_size):
+            job.start_rank(r, str(r))
+        deadline = time.monotonic() + max(300.0, cfg.steps * 10.0)
+        t_kill = _drive(job, kill, args.rejoin, deadline)
+        return _report(job, t_kill, kill)
+    finally:
+        job.stop()
+        print(f"records: {log_dir}", file=sys.stderr)

@@ -1,0 +1,55 @@
+"""Waiting for a collective in a way that a dead or stalled peer cannot turn into a hang.
+
+gloo cannot abort a collective in flight (``ProcessGroupGloo.abort()`` does not wake a
+``wait()``; measured). So nobody calls ``wait()`` blindly: the waiter sleeps on an event that
+the collective's future sets when it completes, and that the member's watcher sets when any
+member posts an abort for this quorum. A rank next to a killed peer sees gloo's error within
+milliseconds and posts the abort; the others, whose own collective would sit until gloo's
+timeout, leave as soon as the notice arrives. The abandoned collective stays with the old
+group, which is never destroyed (``ddp.recovery.group``); its gloo thread times out on its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch.distributed as dist
+
+from ddp.recovery.member import Member
+
+__all__ = ["QuorumLost", "wait_work"]
+
+
+class QuorumLost(RuntimeError):
+    """The current quorum failed. ``source``: ``"self"`` when this rank saw it first (a gloo
+    error or the collective timeout), else who posted the abort."""
+
+    def __init__(self, why: str, source: str) -> None:
+        super().__init__(why)
+        self.why, self.source = why, source
+
+
+def wait_work(work: dist.Work, member: Member, timeout_s: float, what: str) -> None:
+    """Wait for ``work``; raise ``QuorumLost`` on an abort notice, a gloo error or a timeout."""
+    if not work.is_completed():
+        ev = threading.Event()
+        with member.waking(ev):
+            work.get_future().add_done_callback(lambda _f: ev.set())
+            deadline = time.monotonic() + timeout_s
+            while not ev.is_set():
+                if member.abort is not None:
+                    raise QuorumLost(member.abort["why"], member.abort["by"])
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise QuorumLost(
+                        f"{what}: no answer within --collective-timeout {timeout_s:g} s", "self"
+                    )
+                ev.wait(left)
+    try:
+        work.wait()
+    except RuntimeError as e:
+        if member.abort is not None:  # another member's notice came first: that is the cause
+            raise QuorumLost(member.abort["why"], member.abort["by"]) from None
+        first = (str(e).strip().splitlines() or ["?"])[0]
+        raise QuorumLost(f"{what} failed: {first[:160]}", "self") from None
