@@ -68,6 +68,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     return parser, subparsers
 
 
+def _refuse(parser: argparse.ArgumentParser, error: Exception) -> int:
+    print(f"{parser.prog}: error: {error}", file=sys.stderr)
+    return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit codes: 0 success, 1 failure, 2 bad arguments, 130 interrupted."""
     from ddp.torchfree import LogError
@@ -82,17 +87,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         subparsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     mod = commands()[args.command]
-    try:
-        plan = mod.plan(args)
-    except ValueError as e:
-        subparsers[args.command].error(str(e))
     try:  # the hosts' refusals are one line: the usage says nothing about engines
         hosts = host_set(args)
+    except ValueError as e:
+        return _refuse(subparsers[args.command], e)
+    try:
+        with using(hosts):  # a plan may place things on hosts (lab kill --host K)
+            plan = mod.plan(args)
+    except ValueError as e:
+        subparsers[args.command].error(str(e))
+    try:
         check_nodes(hosts, plan)
         reach(hosts)
     except (ValueError, EngineUnreachable) as e:
-        print(f"{subparsers[args.command].prog}: error: {e}", file=sys.stderr)
-        return 2
+        return _refuse(subparsers[args.command], e)
     try:
         # guarded: a run that raises after its cluster started still leaves its failure page
         with using(hosts):

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 
+from lab.args import number
 from lab.engine.client import connect
+from lab.engine.engines import current
 from lab.engine.hosts import LOCAL, HostSet, parse_hosts, parse_placement
 
-__all__ = ["add_host_flags", "check_nodes", "host_set", "reach"]
+__all__ = ["add_host_flags", "add_host_target", "check_nodes", "host_rank", "host_set", "reach"]
 
 
 def add_host_flags(p: argparse.ArgumentParser) -> None:
@@ -50,3 +52,29 @@ def reach(hosts: HostSet, timeout_s: float = 20.0) -> None:
     for host in hosts.hosts:
         if host.endpoint != LOCAL:
             connect(timeout_s, host.endpoint).close()
+
+
+def add_host_target(p: argparse.ArgumentParser) -> None:
+    """``lab kill --host K``: the host ``--mode host`` takes away."""
+    p.add_argument(
+        "--host",
+        type=number(0, kind=int),
+        metavar="K",
+        help="--mode host: take host K of --hosts away with all its ranks (instead of --rank)",
+    )
+
+
+def host_rank(host: int | None, mode: str, nodes: int) -> int:
+    """``--host K`` as the rank the fault is aimed at: the first on host K of ``--hosts``
+    (one rank per node, as ``lab kill`` runs)."""
+    if host is None:
+        raise ValueError("pass --rank R (or, with --mode host, --host K)")
+    if mode != "host":
+        raise ValueError(f"--host goes with --mode host, not --mode {mode}; pass --rank instead")
+    placed = current().layout(nodes)
+    if host not in placed:
+        raise ValueError(
+            f"--host {host}: no node runs on host{host} (nodes on hosts {placed}); "
+            "pick one of those hosts"
+        )
+    return placed.index(host)

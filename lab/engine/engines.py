@@ -90,7 +90,11 @@ class Engines:
             client.networks.create(**network_spec(run_id))
             client.volumes.create(**volume_spec(run_id))
             return
-        require_same_image(self.members, image)
+        image_id = require_same_image(self.members, image)
+        self.echo(
+            f"across {len(self.members)} engines, image {image_id[7:19]} on each: "
+            + ", ".join(f"{h.name} {h.endpoint}" for h, _ in self.members)
+        )
         self.swarm = SwarmScope(self.members, echo=self.echo).__enter__()
         assert self.swarm.manager is not None
         self.swarm.manager.networks.create(**overlay_spec(run_id))

@@ -8,10 +8,11 @@ new fault is a module here and one entry below.
 from __future__ import annotations
 
 from lab.faults.base import Fault
+from lab.faults.host import HostDown
 from lab.faults.kill import Kill
 from lab.faults.partition import Partition
 from lab.faults.pause import Pause
 
 __all__ = ["FAULTS", "Fault"]
 
-FAULTS: dict[str, type[Fault]] = {f.NAME: f for f in (Kill, Pause, Partition)}
+FAULTS: dict[str, type[Fault]] = {f.NAME: f for f in (Kill, Pause, Partition, HostDown)}

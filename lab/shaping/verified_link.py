@@ -11,6 +11,7 @@ from typing import Any
 
 from lab.engine.client import LabError
 from lab.engine.cluster import Cluster
+from lab.shaping.across import round_trips
 from lab.shaping.base import LinkMismatch, ShapingError, nodes_of
 from lab.shaping.link import ShapingReport, shaped
 
@@ -25,8 +26,11 @@ def verified_link(
     undo on the way out. ``where`` ends the errors' subject: "at 5 ms", "for the slow link"."""
     entered = False
     try:
+        across = round_trips(cluster)  # across engines: VXLAN's own round trip, before shaping
         with shaped(nodes_of(cluster), ms, shaper, rate_mbit, **kw) as report:
             entered = True
+            if across:
+                report.checks.insert(0, across)
             yield report
     except LinkMismatch as e:
         raise LabError(f"link check failed {where}, nothing was measured: {e}") from None

@@ -48,9 +48,24 @@ class _Cluster:
 
 
 def test_registry_names_every_mode():
-    assert list(FAULTS) == ["kill", "pause", "partition"]
-    assert [FAULTS[m].NET_ADMIN for m in FAULTS] == [False, False, True]
-    assert [FAULTS[m].TARGET_NOTICES for m in FAULTS] == [False, False, True]
+    assert list(FAULTS) == ["kill", "pause", "partition", "host"]
+    assert [FAULTS[m].NET_ADMIN for m in FAULTS] == [False, False, True, False]
+    assert [FAULTS[m].TARGET_NOTICES for m in FAULTS] == [False, False, True, False]
+
+
+def test_a_host_goes_away_with_every_node_on_it_at_once():
+    cluster = _Cluster(3)
+    for node, host in zip(cluster.nodes, ["host0", "host1", "host0"], strict=True):
+        node.host, node.ranks = host, [node.index]
+    fault = FAULTS["host"]()
+    fault.prepare(cluster, 2)
+    fault.inject()
+    assert [n.container.calls for n in cluster.nodes] == [["kill"], [], ["kill"]]
+    assert fault.detail == "host0 down: docker kill of node0, node2 at once (ranks [0, 2])"
+    for node in cluster.nodes:
+        node.host = "host0"
+    with pytest.raises(ValueError, match="every node runs on host0, so no rank would be left"):
+        FAULTS["host"]().prepare(cluster, 0)
 
 
 def test_kill_is_one_docker_kill_and_leaves_nothing_to_release():

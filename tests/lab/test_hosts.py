@@ -1,12 +1,17 @@
 """--hosts and --placement as pure logic, and their refusals on the command line: one line,
 exit 2, before any container exists."""
 
+from types import SimpleNamespace
+
+import docker.errors
 import pytest
 
 from lab.cli import main
-from lab.engine.distribute import hosts_arg
+from lab.engine.client import ImageMissing
+from lab.engine.distribute import hosts_arg, require_same_image
 from lab.engine.hosts import LOCAL, Host, HostSet, parse_hosts, parse_placement
 from lab.engine.specs import overlay_spec
+from lab.shaping.across import pairs
 
 H0, H1, H2 = (f"unix:///var/run/docker-host{k}.sock" for k in range(3))
 
@@ -86,3 +91,44 @@ def test_the_command_line_refuses_bad_hosts_in_one_line(argv, message, capsys):
     assert main(argv.split()) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_the_probe_pairs_one_link_across_hosts_and_one_within():
+    assert pairs(["host0", "host1", "host2", "host0"]) == ((0, 1), (0, 3))
+    assert pairs(["host0", "host1", "host2"]) == ((0, 1), None)
+    assert pairs(["host0", "host0"]) == (None, (0, 1))
+
+
+class _Image:
+    def __init__(self, id_):
+        self.id = id_
+
+
+class _Images:
+    def __init__(self, ids):
+        self.ids = ids
+
+    def get(self, name):
+        if name not in self.ids:
+            raise docker.errors.ImageNotFound(name)
+        return _Image(self.ids[name])
+
+
+def _engine(**ids):
+    return SimpleNamespace(images=_Images(ids))
+
+
+def test_a_missing_or_stale_image_names_the_host_and_the_fix():
+    good = "sha256:" + "a" * 64
+    members = [(Host(H0, name="host0"), _engine(img=good)), (Host(H1, name="host1"), _engine())]
+    with pytest.raises(
+        ImageMissing,
+        match=r"host1 \(.*docker-host1.sock\) has no image img; "
+        r"copy it there: python -m lab image --no-build --tag img --hosts ",
+    ):
+        require_same_image(members, "img")
+    members[1] = (Host(H1, name="host1"), _engine(img="sha256:" + "b" * 64))
+    with pytest.raises(ImageMissing, match=r"host1 .* has a stale img"):
+        require_same_image(members, "img")
+    members[1] = (Host(H1, name="host1"), _engine(img=good))
+    assert require_same_image(members, "img") == good

@@ -19,14 +19,17 @@ def _plan(*extra: str) -> KillPlan:
 
 
 def test_required_arguments(capsys):
-    assert "--rank, --at-step, --mode" in cli_error(["kill"], capsys)
+    assert "--at-step, --mode" in cli_error(["kill"], capsys)
+    assert "pass --rank R (or, with --mode host, --host K)" in cli_error(
+        ["kill", "--at-step", "3", "--mode", "kill"], capsys
+    )
 
 
 def test_help_names_the_modes_and_the_derived_run_timeout(capsys):
     with pytest.raises(SystemExit):
         main(["kill", "--help"])
     out = capsys.readouterr().out
-    assert "{kill,pause,partition}" in out  # the choices come from the registry
+    assert "{kill,pause,partition,host}" in out  # the choices come from the registry
     assert "partition  iptables DROP" in out
     assert "i.e. 453 s for 12 steps of 250 ms" in out
     assert "rank 0 writes an atomic checkpoint every K steps" in out  # TrainConfig's own help

@@ -19,6 +19,7 @@ from lab.experiments.kill.torchrun_plan import TorchrunKillPlan
 from lab.experiments.kill.torchrun_result import TorchrunKillResult
 from lab.experiments.up.plan import LAUNCHERS
 from lab.faults import FAULTS
+from lab.hostflags import add_host_target, host_rank
 from lab.report.kill import kill_results, torchrun_kill_results
 from lab.report.publish import publish
 from lab.report.results import Results
@@ -94,10 +95,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--rank",
         type=common.number(0, kind=int),
-        required=True,
         help="the rank to hit (one rank per node, so also its node; under torchrun, its "
         "worker process, wherever the rendezvous placed it)",
     )
+    add_host_target(p)
     p.add_argument(
         "--at-step",
         type=common.number(1, kind=int),
@@ -153,7 +154,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def plan(args: argparse.Namespace) -> KillPlan | TorchrunKillPlan:
     names = [*_TRAIN_FIELDS, *_FAULT_FIELDS, "collective_timeout_s"]
     shared = dict(
-        rank=args.rank,
+        rank=host_rank(args.host, args.mode, args.nodes) if args.rank is None else args.rank,
         at_step=args.at_step,
         mode=args.mode,
         train=config_from_args(args, names, DEFAULT_TRAIN),
