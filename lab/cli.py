@@ -78,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ddp.torchfree import LogError
     from lab.engine import cluster
     from lab.engine.client import EngineUnreachable, LabError
+    from lab.engine.distribute import hosts_arg
     from lab.engine.engines import using
     from lab.report.guard import guarded
 
@@ -109,7 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        downs = "; ".join(f"python -m lab down --run {run_id}" for run_id in cluster.STARTED)
+        on = f" --hosts {hosts_arg(hosts.hosts)}" if hosts.several else ""
+        downs = "; ".join(f"python -m lab down --run {r}{on}" for r in cluster.STARTED)
         left = f" (if anything is left: {downs})" if downs else ""
         print(f"interrupted; cleaned up{left}", file=sys.stderr)
         return 130

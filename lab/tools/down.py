@@ -15,6 +15,11 @@ EPILOG = "Exit codes: 0 done (also when there was nothing to remove), 1 the engi
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run", metavar="RUN_ID", help="only this run id (default: every run)")
+    p.add_argument(
+        "--hosts",
+        metavar="LIST|FILE",
+        help="on every engine of this --hosts (a run across hosts; default the local engine)",
+    )
 
 
 def plan(args: argparse.Namespace) -> str | None:
@@ -23,10 +28,12 @@ def plan(args: argparse.Namespace) -> str | None:
 
 def run(run_id: str | None) -> tuple[int, str]:
     from lab.engine.client import connect
-    from lab.engine.cluster import down
+    from lab.engine.engines import current, down
     from lab.engine.specs import LABEL
 
-    removed = down(connect(), run_id)
+    # Workers first: a swarm's overlay network goes on its manager once nothing uses it.
+    clients = [connect(endpoint=h.endpoint) for h in current().hosts]
+    removed = sum(down(c, run_id) for c in [*clients[1:], clients[0]])
     return removed, LABEL if run_id is None else f"{LABEL}={run_id}"
 
 
