@@ -1,10 +1,11 @@
 """A run's containers, network and volume, as a context manager that always cleans up.
 
 ``with Cluster(client, layout, run_dir=...) as cluster:`` creates the network, the volume and
-one idle container per node (if that fails half-way, what exists is removed before the error
-propagates); jobs are exec'd into the nodes with :meth:`Cluster.job` or :meth:`Cluster.train`;
-on the way out, also on errors and Ctrl-C, every job's output and its directory on the volume
-are copied into ``run_dir/<job>/`` and everything labelled with the run id is removed.
+one idle container per node, on one engine or placed on several (:mod:`lab.engine.engines`);
+if that fails half-way, what exists is removed before the error propagates. Jobs are exec'd
+into the nodes with :meth:`Cluster.job` or :meth:`Cluster.train`; on the way out, also on
+errors and Ctrl-C, every job's output and its directory on the volume (each engine's) are
+copied into ``run_dir/<job>/`` and everything labelled with the run id is removed.
 """
 
 from __future__ import annotations

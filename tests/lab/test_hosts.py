@@ -132,3 +132,9 @@ def test_a_missing_or_stale_image_names_the_host_and_the_fix():
         require_same_image(members, "img")
     members[1] = (Host(H1, name="host1"), _engine(img=good))
     assert require_same_image(members, "img") == good
+
+
+def test_resuming_from_checkpoints_across_hosts_is_refused(capsys):
+    kill = "kill --rank 1 --at-step 5 --mode kill --recover --checkpoint-every 2 --nodes 2"
+    assert main([*kill.split(), "--hosts", f"{H0},{H1}"]) == 2
+    assert "hosts share no volume" in capsys.readouterr().err
