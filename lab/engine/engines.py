@@ -91,10 +91,10 @@ class Engines:
             client.volumes.create(**volume_spec(run_id))
             return
         image_id = require_same_image(self.members, image)
-        self.echo(
-            f"across {len(self.members)} engines, image {image_id[7:19]} on each: "
-            + ", ".join(f"{h.name} {h.endpoint}" for h, _ in self.members)
-        )
+        engines = ", ".join(f"{h.name} {h.endpoint}" for h, _ in self.members)
+        nodes = ", ".join(f"node{i} {self.host(i).name}" for i in range(len(self._member_of)))
+        self.echo(f"across {len(self.members)} engines ({engines}), image {image_id[7:19]} on "
+                  f"each; {nodes}")  # fmt: skip
         self.swarm = SwarmScope(self.members, echo=self.echo).__enter__()
         assert self.swarm.manager is not None
         self.swarm.manager.networks.create(**overlay_spec(run_id))

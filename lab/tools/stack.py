@@ -10,7 +10,7 @@ workers talk to each other's own addresses anyway (gloo, torchrun's ``--local-ad
 itself restarts nothing (``restart_policy: none``): restarting workers is torchrun's job.
 
     python -m lab stack --out stack.yaml
-    NNODES=2 NPROC_PER_NODE=2 docker stack deploy --resolve-image never -c stack.yaml ddp
+    NNODES=3 docker stack deploy --resolve-image never -c stack.yaml ddp   # 3 hosts
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def render() -> str:
 # The torchrun run as a swarm stack: NNODES `worker` replicas (one torchrun each), ranks from
 # the c10d rendezvous on the `rdzv` store service, an overlay network (endpoint_mode dnsrr).
 #
-#   NNODES=2 NPROC_PER_NODE=2 docker stack deploy --resolve-image never -c stack.yaml ddp
+#   NNODES=3 docker stack deploy --resolve-image never -c stack.yaml ddp   # one worker per host
 #   docker service logs ddp_worker     # rank 0's parity table, on whichever host it ran
 #   docker service logs ddp_rdzv       # every worker's exit code, once all ended
 #   docker stack rm ddp
