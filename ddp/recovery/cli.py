@@ -17,6 +17,11 @@ def add_fault_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--kill-at-step", type=int, metavar="S", help="the step of --kill-rank")
     g.add_argument(
+        "--signal", choices=("KILL", "STOP"), default="KILL",
+        help="what --kill-rank sends: KILL (the rank dies: its peers' collectives fail) or "
+        "STOP (it stalls: its heartbeats stop) (default KILL)",
+    )  # fmt: skip
+    g.add_argument(
         "--rejoin", action="store_true",
         help="start a replacement for the killed rank once the survivors committed a step",
     )  # fmt: skip
@@ -29,6 +34,8 @@ def check_live_run(
     None: not given, the rendezvous check says so)."""
     kill = getattr(args, "kill_rank", None), getattr(args, "kill_at_step", None)
     rejoin = getattr(args, "rejoin", False)
+    if getattr(args, "signal", "KILL") != "KILL" and kill[0] is None:
+        raise ValueError("--signal is the signal of --kill-rank: add --kill-rank")
     if cfg.recovery != "live":
         if kill != (None, None) or rejoin:
             raise ValueError("--kill-rank, --kill-at-step and --rejoin need --recovery live")

@@ -46,7 +46,7 @@ class Coordinator:
         print(f"[coordinator +{time.monotonic() - self.t0:8.3f} s] {text}", flush=True)
 
     def tick(self) -> None:
-        from ddp.recovery.protocol import keys
+        from ddp.recovery.protocol import Quorum, keys
 
         now = time.monotonic()
         self._read_registrations(now)
@@ -56,6 +56,9 @@ class Coordinator:
             self._publish_if_any(None)
             return
         if self._all_done():
+            # A rank still waiting to join learns that there is nothing left to join.
+            last = Quorum(self.quorum.id + 1, refused="the run finished before this rank joined")
+            self.store.set(keys.quorum(last.id), last.to_json())
             self.say(f"every member of quorum {self.quorum.id} finished")
             self.exit_code = 0
             return
@@ -153,8 +156,8 @@ def _parser() -> argparse.ArgumentParser:
         help="a member whose heartbeat stops this long is dropped (default 2)",
     )  # fmt: skip
     p.add_argument(
-        "--window-ms", type=float, default=150.0, metavar="MS",
-        help="after an abort, how long survivors have to check in (default 150)",
+        "--window-ms", type=float, default=100.0, metavar="MS",
+        help="after an abort, how long survivors have to check in (default 100)",
     )  # fmt: skip
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds at most (default 3600)")
     return p

@@ -26,7 +26,7 @@ from typing import IO
 
 from ddp.program.config import TrainConfig
 from ddp.program.records import EndRecord, Record, StepRecord, parse_record_line
-from ddp.recovery.records import CommitRecord, RecoveryVerdictRecord
+from ddp.recovery.records import CommitRecord, QuorumRecord, RecoveryVerdictRecord
 from ddp.recovery.timeline import figures, timeline
 
 __all__ = ["run_local"]
@@ -58,6 +58,8 @@ class _Job:
         self.records: queue.Queue = queue.Queue()
         self.events: list[Record] = []
         self.extra: list[tuple[float, str]] = []
+        self.entered: set[str] = set()  # processes that trained in a quorum
+        self.victim: str | None = None  # the rank the fault hit
         self.procs: dict[str, subprocess.Popen] = {}
         self.rank_cfg = cfg.replace(
             coordinator=f"127.0.0.1:{self.port}", log_dir=log_dir, emit_records=True
@@ -83,7 +85,11 @@ class _Job:
         self._start(name, "-m", "ddp", "train", *argv)
 
     def ranks_running(self) -> bool:
-        return any(p.poll() is None for n, p in self.procs.items() if n != "coordinator")
+        """Whether a rank still trains (a replacement still starting up when every other rank
+        is done does not count: it is stopped, too late to join)."""
+        gone = ("coordinator", self.victim)
+        running = [n for n, p in self.procs.items() if n not in gone and p.poll() is None]
+        return any(not n.endswith("+") or n in self.entered for n in running)
 
     def drain(self) -> list[tuple[str, Record]]:
         got = []
@@ -100,7 +106,9 @@ class _Job:
             p.wait(timeout=10)
 
 
-def _drive(job: _Job, kill: tuple[int, int] | None, rejoin: bool, deadline: float) -> float | None:
+def _drive(
+    job: _Job, kill: tuple[int, int] | None, sig: signal.Signals, rejoin: bool, deadline: float
+) -> float | None:
     """Run until every rank exited; inject the fault; returns the kill's wall-clock time."""
     t_kill = None
     while job.ranks_running() or not job.records.empty():
@@ -108,13 +116,15 @@ def _drive(job: _Job, kill: tuple[int, int] | None, rejoin: bool, deadline: floa
             raise TimeoutError("the live run did not finish in time")
         for name, r in job.drain():
             job.events.append(r)
+            if isinstance(r, QuorumRecord):
+                job.entered.add(name)
             done = isinstance(r, CommitRecord) and r.committed
             # After its check of step S-1 (its step record): the kill lands in step S itself.
             checked = isinstance(r, StepRecord) and r.step == kill[1] - 1 if kill else False
             if kill and t_kill is None and name == str(kill[0]) and (checked or kill[1] == 1):
-                job.procs[name].send_signal(signal.SIGKILL)
-                t_kill = time.time()
-                job.extra.append((t_kill, f"rank {kill[0]} SIGKILLed in step {kill[1]}"))
+                job.procs[name].send_signal(sig)
+                t_kill, job.victim = time.time(), name
+                job.extra.append((t_kill, f"rank {kill[0]} sent {sig.name} in step {kill[1]}"))
             late = t_kill is not None and done and r.world_size == job.world - 1
             if rejoin and late and f"{kill[0]}+" not in job.procs:
                 job.extra.append((time.time(), f"replacement for rank {kill[0]} started"))
@@ -131,13 +141,17 @@ def _report(job: _Job, t_kill: float | None, kill: tuple[int, int] | None) -> in
         if t_kill is not None
         else min((r.t for r in job.events if hasattr(r, "t")), default=0)
     )
-    what = f"seconds after rank {kill[0]} was killed" if t_kill else "seconds"
+    what = f"seconds after the fault on rank {kill[0]}" if t_kill else "seconds"
     print(f"live recovery timeline ({what}):")
     for line in timeline(job.events, t0, job.extra):
         print(line)
     survivors = {n: p.returncode for n, p in job.procs.items() if n not in ("coordinator",)}
     if kill:
         survivors.pop(str(kill[0]), None)
+    for n in [n for n in survivors if n.endswith("+") and n not in job.entered]:
+        if survivors[n] == 3 or survivors[n] < 0:  # refused, or stopped while starting
+            print(f"the replacement for rank {n[:-1]} started too late: the run ended first")
+            survivors.pop(n)
     codes_ok = all(c == 0 for c in survivors.values())
     digests = {e.params_sha256 for e in ends}
     if t_kill is not None:
@@ -183,7 +197,9 @@ def run_local(cfg: TrainConfig, args: argparse.Namespace) -> int:
         for r in range(args.world_size):
             job.start_rank(r, str(r))
         deadline = time.monotonic() + max(300.0, cfg.steps * 10.0)
-        t_kill = _drive(job, kill, args.rejoin, deadline)
+        sig = signal.Signals[f"SIG{args.signal}"]
+        t_kill = _drive(job, kill, sig, args.rejoin, deadline)
+        job.stop()
         return _report(job, t_kill, kill)
     finally:
         job.stop()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import torch.distributed as dist
 
@@ -30,14 +31,28 @@ class QuorumLost(RuntimeError):
         self.why, self.source = why, source
 
 
+_POLL_S = 0.0005
+
+
+def _on_done(work: dist.Work, callback: Callable[[], None]) -> bool:
+    """Call ``callback`` when ``work`` completes; False if it cannot tell (no future)."""
+    try:
+        fut = work.get_future()
+    except RuntimeError:
+        return False
+    fut.add_done_callback(lambda _f: callback())
+    return True
+
+
 def wait_work(work: dist.Work, member: Member, timeout_s: float, what: str) -> None:
     """Wait for ``work``; raise ``QuorumLost`` on an abort notice, a gloo error or a timeout."""
     if not work.is_completed():
         ev = threading.Event()
         with member.waking(ev):
-            work.get_future().add_done_callback(lambda _f: ev.set())
+            # gloo's send/recv have no future: those (the heal's, rare) are polled instead
+            poll = _POLL_S if not _on_done(work, ev.set) else None
             deadline = time.monotonic() + timeout_s
-            while not ev.is_set():
+            while not (ev.is_set() or work.is_completed()):
                 if member.abort is not None:
                     raise QuorumLost(member.abort["why"], member.abort["by"])
                 left = deadline - time.monotonic()
@@ -45,7 +60,7 @@ def wait_work(work: dist.Work, member: Member, timeout_s: float, what: str) -> N
                     raise QuorumLost(
                         f"{what}: no answer within --collective-timeout {timeout_s:g} s", "self"
                     )
-                ev.wait(left)
+                ev.wait(left if poll is None else min(left, poll))
     try:
         work.wait()
     except RuntimeError as e:
