@@ -61,6 +61,8 @@ def wait_work(work: dist.Work, member: Member, timeout_s: float, what: str) -> N
                         f"{what}: no answer within --collective-timeout {timeout_s:g} s", "self"
                     )
                 ev.wait(left if poll is None else min(left, poll))
+    if member.abort is not None and not work.is_completed():  # woken by an abort notice:
+        raise QuorumLost(member.abort["why"], member.abort["by"])  # it may never end
     try:
         work.wait()
     except RuntimeError as e:
