@@ -39,6 +39,15 @@ from ddp.program.records import (
     load_run,
     parse_record_line,
 )
+from ddp.recovery.records import (
+    CommitRecord,
+    FaultRecord,
+    HealRecord,
+    QuorumRecord,
+    RecoveryVerdictRecord,
+)
+from ddp.recovery.timeline import figures as recovery_figures
+from ddp.recovery.timeline import timeline as recovery_timeline
 from ddp.report import (
     REPORT_NAME,
     TB_MISSING,
@@ -66,18 +75,23 @@ __all__ = [
     "POWERSGD_START_ITER",
     "REPORT_NAME",
     "TB_MISSING",
+    "CommitRecord",
     "ConfigRecord",
     "Diagnosis",
     "EndRecord",
     "FailureRecord",
+    "FaultRecord",
     "Figure",
     "Headline",
+    "HealRecord",
     "Link",
     "LogError",
     "Page",
     "ParityReport",
+    "QuorumRecord",
     "RankLog",
     "Record",
+    "RecoveryVerdictRecord",
     "Rendezvous",
     "Section",
     "StepRecord",
@@ -97,6 +111,8 @@ __all__ = [
     "parse_record_line",
     "rank_exits",
     "rank_outcome",
+    "recovery_figures",
+    "recovery_timeline",
     "step_scalars",
     "steps_table",
     "strip_source",
