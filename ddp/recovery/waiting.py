@@ -31,40 +31,52 @@ class QuorumLost(RuntimeError):
         self.why, self.source = why, source
 
 
-_POLL_S = 0.0005
-
-
-def _on_done(work: dist.Work, callback: Callable[[], None]) -> bool:
-    """Call ``callback`` when ``work`` completes; False if it cannot tell (no future)."""
+def _on_done(work: dist.Work, callback: Callable[[], None], errors: list[Exception]) -> bool:
+    """Call ``callback`` once ``work`` completes. gloo's send/recv have no future, and only
+    their ``wait()`` completes them: that wait runs on a thread of its own (which an abandoned
+    transfer leaves blocked until gloo's timeout; it is a daemon). True if that thread holds
+    the outcome (then ``errors`` gets its exception, if any)."""
     try:
         fut = work.get_future()
     except RuntimeError:
-        return False
+
+        def wait() -> None:
+            try:
+                work.wait()
+            except RuntimeError as e:
+                errors.append(e)
+            finally:
+                callback()
+
+        threading.Thread(target=wait, daemon=True).start()
+        return True
     fut.add_done_callback(lambda _f: callback())
-    return True
+    return False
 
 
 def wait_work(work: dist.Work, member: Member, timeout_s: float, what: str) -> None:
     """Wait for ``work``; raise ``QuorumLost`` on an abort notice, a gloo error or a timeout."""
+    done, wake = threading.Event(), threading.Event()
+    errors: list[Exception] = []
+    threaded = False
     if not work.is_completed():
-        ev = threading.Event()
-        with member.waking(ev):
-            # gloo's send/recv have no future: those (the heal's, rare) are polled instead
-            poll = _POLL_S if not _on_done(work, ev.set) else None
+        with member.waking(wake):
+            threaded = _on_done(work, lambda: (done.set(), wake.set()), errors)
             deadline = time.monotonic() + timeout_s
-            while not (ev.is_set() or work.is_completed()):
-                if member.abort is not None:
+            while not done.is_set():
+                if member.abort is not None:  # the collective may never end: leave it
                     raise QuorumLost(member.abort["why"], member.abort["by"])
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise QuorumLost(
                         f"{what}: no answer within --collective-timeout {timeout_s:g} s", "self"
                     )
-                ev.wait(left if poll is None else min(left, poll))
-    if member.abort is not None and not work.is_completed():  # woken by an abort notice:
-        raise QuorumLost(member.abort["why"], member.abort["by"])  # it may never end
+                wake.wait(left)
     try:
-        work.wait()
+        if errors:
+            raise errors[0]
+        if not threaded:
+            work.wait()
     except RuntimeError as e:
         if member.abort is not None:  # another member's notice came first: that is the cause
             raise QuorumLost(member.abort["why"], member.abort["by"]) from None
