@@ -29,7 +29,7 @@ from ddp.program.records import EndRecord, Record, StepRecord, parse_record_line
 from ddp.recovery.records import CommitRecord, QuorumRecord, RecoveryVerdictRecord
 from ddp.recovery.timeline import figures, timeline
 
-__all__ = ["run_local"]
+__all__ = ["LocalJob", "run_local"]
 
 
 def _free_port() -> int:
@@ -49,7 +49,7 @@ def _follow(name: int | str, stream: IO[str], out: queue.Queue) -> None:
             sys.stdout.flush()
 
 
-class _Job:
+class LocalJob:
     """The coordinator and rank processes of one local live run."""
 
     def __init__(self, cfg: TrainConfig, world: int, log_dir: str) -> None:
@@ -107,7 +107,7 @@ class _Job:
 
 
 def _drive(
-    job: _Job, kill: tuple[int, int] | None, sig: signal.Signals, rejoin: bool, deadline: float
+    job: LocalJob, kill: tuple[int, int] | None, sig: signal.Signals, rejoin: bool, deadline: float
 ) -> float | None:
     """Run until every rank exited; inject the fault; returns the kill's wall-clock time."""
     t_kill = None
@@ -133,7 +133,7 @@ def _drive(
     return t_kill
 
 
-def _report(job: _Job, t_kill: float | None, kill: tuple[int, int] | None) -> int:
+def _report(job: LocalJob, t_kill: float | None, kill: tuple[int, int] | None) -> int:
     ends = [r for r in job.events if isinstance(r, EndRecord)]
     verdicts = [r for r in job.events if isinstance(r, RecoveryVerdictRecord)]
     t0 = (
@@ -192,7 +192,7 @@ def run_local(cfg: TrainConfig, args: argparse.Namespace) -> int:
     kill = (args.kill_rank, args.kill_at_step) if args.kill_rank is not None else None
     # A terminated launcher still stops its processes (the finally below).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    job = _Job(cfg, args.world_size, log_dir)
+    job = LocalJob(cfg, args.world_size, log_dir)
     try:
         for r in range(args.world_size):
             job.start_rank(r, str(r))

@@ -1,0 +1,88 @@
+"""``python -m ddp.recovery.bench``: what ``--recovery live`` costs per step without faults.
+
+Runs the same job with ``--recovery restart`` and ``--recovery live`` in turns (A B, B A, A B,
+... so drift on a shared host hits both alike), each a fresh ``python -m ddp`` run with its
+records in a directory of its own, and compares per round the median over steps (the first
+``--warmup`` skipped) of two figures from the ranks' step records: ``step_ms`` (forward,
+backward with the gradient allreduce, live's commit vote, the optimizer step: the slowest rank
+per step) and the period between consecutive steps' starts on rank 0 (everything a step costs,
+the check and the records included). The result is the median over rounds of live / restart.
+
+    python -m ddp.recovery.bench --rounds 5 --steps 60 --model tower
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ddp.program.records import StepRecord, load_run
+
+__all__ = ["main"]
+
+
+def _run(mode: str, args: argparse.Namespace, out: Path) -> dict[str, float]:
+    log_dir = out / f"{mode}-{len(list(out.iterdir()))}"
+    argv = [
+        sys.executable, "-m", "ddp", "--world-size", str(args.world_size), "--model",
+        args.model, "--steps", str(args.steps), "--batch-size", str(args.batch_size),
+        "--no-reference", "--recovery", mode, "--log-dir", str(log_dir),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=args.timeout)
+    if r.returncode != 0:
+        raise SystemExit(f"{mode} run failed ({r.returncode}): {r.stderr[-500:]}{r.stdout[-500:]}")
+    logs = load_run(log_dir)
+    by_step: dict[int, list[StepRecord]] = {}
+    for log in logs.values():
+        for s in log.steps:
+            by_step.setdefault(s.step, []).append(s)
+    keep = [s for s in sorted(by_step) if s > args.warmup]
+    step_ms = statistics.median(max(r.step_ms for r in by_step[s]) for s in keep)
+    t0 = {r.step: r.t0 for r in logs[0].steps}
+    periods = [(t0[s + 1] - t0[s]) * 1e3 for s in keep if s + 1 in t0]
+    return {"step_ms": step_ms, "period_ms": statistics.median(periods)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ddp.recovery.bench", description=__doc__)
+    p.add_argument("--rounds", type=int, default=5, help="rounds of restart + live (default 5)")
+    p.add_argument("--steps", type=int, default=60, help="steps per run (default 60)")
+    p.add_argument("--warmup", type=int, default=5, help="steps skipped per run (default 5)")
+    p.add_argument("--model", default="tower", help="model (default tower)")
+    p.add_argument("--batch-size", type=int, default=64, help="global batch (default 64)")
+    p.add_argument("--world-size", type=int, default=4, help="ranks (default 4)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per run (default 600)")
+    args = p.parse_args(argv)
+    if args.rounds < 1 or args.steps <= args.warmup + 1 or args.world_size < 2:
+        p.error("need --rounds >= 1, --steps > --warmup + 1 and --world-size >= 2")
+    out = Path(tempfile.mkdtemp(prefix="ddp-live-bench-"))
+    ratios: dict[str, list[float]] = {"step_ms": [], "period_ms": []}
+    for i in range(args.rounds):
+        order = ("restart", "live") if i % 2 == 0 else ("live", "restart")
+        got = {mode: _run(mode, args, out) for mode in order}
+        for key in ratios:
+            ratios[key].append(got["live"][key] / got["restart"][key])
+        print(
+            f"round {i + 1}: restart {got['restart']['step_ms']:.2f} ms/step "
+            f"({got['restart']['period_ms']:.2f} ms period), live {got['live']['step_ms']:.2f} "
+            f"({got['live']['period_ms']:.2f}): live/restart {ratios['step_ms'][-1]:.3f} "
+            f"({ratios['period_ms'][-1]:.3f})",
+            flush=True,
+        )
+    step, period = (statistics.median(ratios[k]) for k in ("step_ms", "period_ms"))
+    print(
+        f"live / restart, median of {args.rounds} interleaved rounds ({args.world_size} ranks, "
+        f"{args.model}, batch {args.batch_size}): step time {step:.3f}, step period {period:.3f}"
+        f" (records in {out})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
