@@ -56,7 +56,10 @@ class Coordinator:
             self._publish_if_any(None)
             return
         if self._all_done():
-            # A rank still waiting to join learns that there is nothing left to join.
+            # A rank that joined as the others finished (waiting for them in the group of the
+            # last quorum, or for a quorum) learns that there is nothing left to join.
+            note = {"kind": "abort", "by": "coordinator", "why": "the run finished"}
+            self.store.compare_set(keys.notify(self.quorum.id), "", json.dumps(note))
             last = Quorum(self.quorum.id + 1, refused="the run finished before this rank joined")
             self.store.set(keys.quorum(last.id), last.to_json())
             self.say(f"every member of quorum {self.quorum.id} finished")
@@ -141,9 +144,12 @@ class Coordinator:
         return stale
 
     def _all_done(self) -> bool:
+        """Every member finished; a rank that joined in the last quorum does not count: the
+        others ended their run without it."""
         from ddp.recovery.protocol import keys
 
-        return self.store.check([keys.done(u) for u in self.quorum.members])
+        old = [u for u in self.quorum.members if u not in self.quorum.joined]
+        return self.store.check([keys.done(u) for u in old or self.quorum.members])
 
 
 def _parser() -> argparse.ArgumentParser:

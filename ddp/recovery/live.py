@@ -125,7 +125,9 @@ def _next_member_quorum(run: LiveRun):
     member = run.member
     q = member.next_quorum()
     while member.uid not in q.members:
-        was_member = run.quorum is not None and member.uid in run.quorum.members
+        was_member = member.left_out or (
+            run.quorum is not None and member.uid in run.quorum.members
+        )
         member.skip_to(q.id)
         if was_member:
             why = f"left out of quorum {q.id} ({q.reason}): registering again, to be healed"

@@ -59,6 +59,7 @@ class Member:
         self.qid = 0  # the quorum this member trains in
         self.latest = 0  # the newest quorum id it has heard of
         self.abort: dict | None = None  # why the current quorum ended, once it has
+        self.left_out = False  # see next_quorum
         self.wakers: set[threading.Event] = set()
         self._lock = threading.Lock()
         self._entered = threading.Event()
@@ -150,9 +151,12 @@ class Member:
                 f"{self.timeout_s:g} s",
                 [],
             ) from None
-        while self.store.check([keys.quorum(q + 1)]):
-            q += 1
         quorum = Quorum.from_json(self.store.get(keys.quorum(q)))
+        self.left_out = False  # whether a quorum skipped here had this member and went on
+        while self.store.check([keys.quorum(q + 1)]):
+            self.left_out = self.left_out or self.uid in quorum.members
+            q += 1
+            quorum = Quorum.from_json(self.store.get(keys.quorum(q)))
         if quorum.refused:
             raise PeerFailure(f"diagnosis: live recovery stopped: {quorum.refused}", [])
         return quorum
