@@ -109,7 +109,7 @@ class BucketRebuild:
         t = torch.tensor(order, dtype=torch.int64)
         if t.numel() != len(self._params):
             raise ValueError(f"bucket order of {t.numel()} parameters for {len(self._params)}")
-        dist.broadcast(t, group=self._pg, group_src=0)
+        self.wait_work(dist.broadcast(t, group=self._pg, group_src=0, async_op=True))
         self._order = t.tolist()
         first, cap = self._caps
         plan = plan_buckets(self._params, cap, first, close_at_cap=True, order=self._order)
