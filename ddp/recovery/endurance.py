@@ -1,7 +1,7 @@
 """``python -m ddp.recovery.endurance``: one live run, five faults, and the verdict.
 
 Four local ranks (``ddp.recovery.local``'s processes) train ``--steps`` steps while the plan
-below hits them, each fault once rank R has finished its check of the step before:
+below hits them, each fault once rank R has committed the step before:
 
 1. SIGKILL of rank 2 (it stays dead: the run goes on at 3);
 2. a pause: rank 1 is SIGSTOPped, its heartbeats stop, it is dropped; SIGCONT after twice the
@@ -27,9 +27,9 @@ import threading
 import time
 
 from ddp.program.config import TrainConfig
-from ddp.program.records import EndRecord, StepRecord
+from ddp.program.records import EndRecord
 from ddp.recovery.local import LocalJob
-from ddp.recovery.records import QuorumRecord, RecoveryVerdictRecord
+from ddp.recovery.records import CommitRecord, QuorumRecord, RecoveryVerdictRecord
 from ddp.recovery.timeline import timeline
 
 __all__ = ["main"]
@@ -64,7 +64,8 @@ def _run(job: LocalJob, plan: list, hb: float, deadline: float) -> None:
             job.events.append(r)
             if isinstance(r, QuorumRecord):
                 job.entered.add(name)
-            if pending and isinstance(r, StepRecord) and r.step == pending[0][0] - 1:
+            done = isinstance(r, CommitRecord) and r.committed
+            if pending and done and r.step == pending[0][0] - 1:
                 step, rank, what = pending[0]
                 if name == current[str(rank)]:
                     pending.pop(0)

@@ -22,6 +22,7 @@ from ddp.flight.diagnosis import PeerFailure
 from ddp.program.config import TrainConfig
 from ddp.program.data import make_dataset
 from ddp.program.models import build_model, simulate_backward_compute
+from ddp.program.parity import HEADER
 from ddp.program.records import EndRecord, RecordLog
 from ddp.program.reference import Reference, params_sha256, sgd
 from ddp.recovery.batches import GlobalBatches
@@ -35,7 +36,7 @@ from ddp.recovery.records import (
     QuorumRecord,
     RecoveryVerdictRecord,
 )
-from ddp.recovery.step import LiveRun, run_step
+from ddp.recovery.step import LiveRun, finish_check, run_step
 from ddp.recovery.verdict import judge
 from ddp.recovery.waiting import QuorumLost, wait_work
 from ddp.wrapper.distributed import DistributedDataParallel
@@ -97,9 +98,9 @@ def _lost(run: LiveRun, e: RuntimeError) -> None:
         record.reason = reason
         run.jlog.write(record)
         run.failed += 1
-    run.attempting = None
+    run.attempting = run.pending = None  # a check cut short: the heal exchange does it
     member.check_in()
-    run.model = run.pg = None  # the group is kept alive elsewhere (ddp.recovery.group)
+    _drop_wrapper(run)
     run.opt.zero_grad(set_to_none=True)
 
 
@@ -140,12 +141,13 @@ def _next_member_quorum(run: LiveRun):
 
 def _enter(run: LiveRun) -> None:
     cfg, member = run.cfg, run.member
+    _drop_wrapper(run)  # a quorum left for one with new ranks (the others were dropped in _lost)
     q = _next_member_quorum(run)
     member.enter(q)
     t_quorum = time.time()
     run.quorum, run.group_rank = q, q.group_rank(member.uid)
     run.pg = build_group(member, q, cfg.collective_timeout_s)
-    before = run.step
+    before, run.pending = run.step, None  # the last step's check: the heal exchange does it
     h, run.step, run.history = heal(
         member, run.pg, q.id, run.module, run.opt, run.step, run.history, cfg.collective_timeout_s
     )
@@ -176,6 +178,17 @@ def _enter(run: LiveRun) -> None:
     run.quorums += 1
     if run.group_rank == 0:
         log.info(f"quorum {q.id}: ranks {q.replicas} (world {q.world_size}; {q.reason})")
+        if run.quorums == 1:
+            log.info(HEADER)
+
+
+def _drop_wrapper(run: LiveRun) -> None:
+    """Unhook the wrapper of the quorum left behind: its hooks sit on the module's gradient
+    accumulators and would fire, for nothing, in every later backward. Its group is kept
+    alive elsewhere (``ddp.recovery.group``)."""
+    if run.model is not None:
+        run.model.reducer.remove_hooks()
+    run.model = run.pg = None
 
 
 def _wrap(run: LiveRun) -> None:
@@ -199,6 +212,10 @@ def _wrap(run: LiveRun) -> None:
 
 def _finish(run: LiveRun) -> bool:
     cfg = run.cfg
+    try:
+        finish_check(run)
+    except QuorumLost as e:  # a peer lost after the last commit: that step stays unchecked
+        log.warning(f"[rank{run.replica}] the check of the last step failed: {e.why}")
     v = judge(run.history, cfg.steps, cfg.tolerance, run.failed, run.quorums)
     run.jlog.write(
         RecoveryVerdictRecord(

@@ -25,7 +25,7 @@ import time
 from typing import IO
 
 from ddp.program.config import TrainConfig
-from ddp.program.records import EndRecord, Record, StepRecord, parse_record_line
+from ddp.program.records import EndRecord, Record, parse_record_line
 from ddp.recovery.records import CommitRecord, QuorumRecord, RecoveryVerdictRecord
 from ddp.recovery.timeline import figures, timeline
 
@@ -119,9 +119,9 @@ def _drive(
             if isinstance(r, QuorumRecord):
                 job.entered.add(name)
             done = isinstance(r, CommitRecord) and r.committed
-            # After its check of step S-1 (its step record): the kill lands in step S itself.
-            checked = isinstance(r, StepRecord) and r.step == kill[1] - 1 if kill else False
-            if kill and t_kill is None and name == str(kill[0]) and (checked or kill[1] == 1):
+            # Once it committed step S-1: the kill lands in step S itself.
+            hit = done and r.step == kill[1] - 1 if kill else False
+            if kill and t_kill is None and name == str(kill[0]) and (hit or kill[1] == 1):
                 job.procs[name].send_signal(sig)
                 t_kill, job.victim = time.time(), name
                 job.extra.append((t_kill, f"rank {kill[0]} sent {sig.name} in step {kill[1]}"))

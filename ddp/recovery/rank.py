@@ -5,6 +5,7 @@ a collective until gloo's timeout, and a normal interpreter exit would wait for 
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -33,6 +34,8 @@ def run_live_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
     from ddp.recovery.live import train_live  # torch, only once a rank really runs
 
     started = process_start_time()
+    # Whoever is group rank 0 prints the table (rank 0 may be lost): every rank may log info.
+    logging.getLogger("ddp").setLevel(logging.INFO)
     jlog = RecordLog(cfg.log_dir, rdzv.rank, echo=cfg.emit_records)
     try:
         return train_live(cfg, rdzv.rank, jlog, started)
