@@ -19,6 +19,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from ddp.flight.gloo_errors import error_meaning
 from ddp.recovery.member import Member
 from ddp.recovery.protocol import Quorum, keys
 from ddp.recovery.waiting import QuorumLost
@@ -55,6 +56,6 @@ def build_group(member: Member, quorum: Quorum, timeout_s: float) -> dist.Proces
         if member.abort is not None and "pg" not in out:
             raise QuorumLost(member.abort["why"], member.abort["by"])
     if "error" in out:
-        first = str(out["error"]).splitlines()[0][:160]
-        raise QuorumLost(f"building the group of quorum {quorum.id} failed: {first}", "self")
+        why = error_meaning(str(out["error"]))
+        raise QuorumLost(f"building the group of quorum {quorum.id} failed: {why}", "self")
     return out["pg"]  # type: ignore[return-value]

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import time
 
 import torch
 
 from ddp.flight.diagnosis import PeerFailure
+from ddp.flight.gloo_errors import error_meaning
 from ddp.program.config import TrainConfig
 from ddp.program.data import make_dataset
 from ddp.program.models import build_model, simulate_backward_compute
@@ -86,7 +88,7 @@ def _lost(run: LiveRun, e: RuntimeError) -> None:
     if not isinstance(e, QuorumLost):
         if member.abort is None and not _comm_error(e):
             raise e  # not a peer's fault: a bug, reported as such
-        why = (str(e).strip().splitlines() or ["?"])[0][:160]
+        why = error_meaning(str(e))
         abort = member.abort
         e = QuorumLost(abort["why"], abort["by"]) if abort else QuorumLost(why, "self")
     if member.abort is None:
@@ -98,7 +100,8 @@ def _lost(run: LiveRun, e: RuntimeError) -> None:
         record.reason = reason
         run.jlog.write(record)
         run.failed += 1
-    run.attempting = run.pending = None  # a check cut short: the heal exchange does it
+    run.attempting = None
+    _keep_pending(run)
     member.check_in()
     _drop_wrapper(run)
     run.opt.zero_grad(set_to_none=True)
@@ -147,7 +150,8 @@ def _enter(run: LiveRun) -> None:
     t_quorum = time.time()
     run.quorum, run.group_rank = q, q.group_rank(member.uid)
     run.pg = build_group(member, q, cfg.collective_timeout_s)
-    before, run.pending = run.step, None  # the last step's check: the heal exchange does it
+    before = run.step
+    _keep_pending(run)
     h, run.step, run.history = heal(
         member, run.pg, q.id, run.module, run.opt, run.step, run.history, cfg.collective_timeout_s
     )
@@ -180,6 +184,19 @@ def _enter(run: LiveRun) -> None:
         log.info(f"quorum {q.id}: ranks {q.replicas} (world {q.world_size}; {q.reason})")
         if run.quorums == 1:
             log.info(HEADER)
+
+
+def _keep_pending(run: LiveRun) -> None:
+    """The last step's check will not be gathered in this quorum: the next quorum's heal
+    exchange compares the replicas; what this rank knows alone (the reference's difference,
+    on the rank that holds it) goes into its history now."""
+    if run.pending is not None:
+        diff = run.pending["diff"]
+        for entry in reversed(run.history):
+            if entry["step"] == run.pending["step"]:
+                entry["diff"] = None if math.isnan(diff) else diff
+                break
+    run.pending = None
 
 
 def _drop_wrapper(run: LiveRun) -> None:

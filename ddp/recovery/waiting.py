@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
+from ddp.flight.gloo_errors import error_meaning
 from ddp.recovery.member import Member
 
 __all__ = ["QuorumLost", "wait_work"]
@@ -80,5 +81,4 @@ def wait_work(work: dist.Work, member: Member, timeout_s: float, what: str) -> N
     except RuntimeError as e:
         if member.abort is not None:  # another member's notice came first: that is the cause
             raise QuorumLost(member.abort["why"], member.abort["by"]) from None
-        first = (str(e).strip().splitlines() or ["?"])[0]
-        raise QuorumLost(f"{what} failed: {first[:160]}", "self") from None
+        raise QuorumLost(f"{what} failed: {error_meaning(str(e))}", "self") from None
