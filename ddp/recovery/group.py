@@ -15,6 +15,7 @@ inside an abandoned collective only returns at gloo's timeout. The process ends 
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -33,7 +34,7 @@ def build_group(member: Member, quorum: Quorum, timeout_s: float) -> dist.Proces
     """This member's gloo group for ``quorum``; ``QuorumLost`` if the quorum ends first."""
     rank = quorum.group_rank(member.uid)
     assert rank is not None, "only members build the group"
-    done = threading.Event()
+    built, wake = threading.Event(), threading.Event()
     out: dict[str, object] = {}
     store = dist.PrefixStore(keys.prefix(quorum.id), member.store.clone())
 
@@ -45,16 +46,21 @@ def build_group(member: Member, quorum: Quorum, timeout_s: float) -> dist.Proces
         except RuntimeError as e:
             out["error"] = e
         finally:
-            done.set()
+            built.set()
+            wake.set()
 
-    thread = threading.Thread(target=build, daemon=True)
     _KEPT.append(out)
-    with member.waking(done):
-        thread.start()
-        if not done.wait(timeout_s) and "pg" not in out:
-            raise QuorumLost(f"building the group of quorum {quorum.id} timed out", "self")
-        if member.abort is not None and "pg" not in out:
-            raise QuorumLost(member.abort["why"], member.abort["by"])
+    deadline = time.monotonic() + timeout_s
+    # The waker is registered before abort is read: a notice in between still wakes us.
+    with member.waking(wake):
+        threading.Thread(target=build, daemon=True).start()
+        while not built.is_set():
+            if member.abort is not None:
+                raise QuorumLost(member.abort["why"], member.abort["by"])
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise QuorumLost(f"building the group of quorum {quorum.id} timed out", "self")
+            wake.wait(left)
     if "error" in out:
         why = error_meaning(str(out["error"]))
         raise QuorumLost(f"building the group of quorum {quorum.id} failed: {why}", "self")
