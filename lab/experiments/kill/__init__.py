@@ -7,7 +7,9 @@ import dataclasses
 
 from ddp.torchfree import TrainConfig, add_train_arguments, config_from_args, flag_of
 from lab import args as common
-from lab.experiments.kill import torchrun_run
+from lab.experiments.kill import live, torchrun_run
+from lab.experiments.kill.live import LivePlan, LiveResult
+from lab.experiments.kill.live.plan import LIVE_TRAIN
 from lab.experiments.kill.outputs import write_summary
 from lab.experiments.kill.plan import DEFAULT_TRAIN, RUN_TIMEOUT_HELP, KillPlan
 from lab.experiments.kill.result import KillResult
@@ -91,6 +93,27 @@ def _renamed(text: str) -> None:
     )
 
 
+def _add_live_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("live recovery (--recovery live: no restart, no checkpoint)")
+    g.add_argument(
+        "--recovery", choices=("restart", "live"), default="restart",
+        help="restart: the survivors exit with a diagnosis (with --recover every rank restarts "
+        "from a checkpoint); live: they go on in a new quorum within seconds, and the run is "
+        "compared with the restart path on the same job (default restart)",
+    )  # fmt: skip
+    g.add_argument("--rejoin", action="store_true",
+                   help="--recovery live: start a replacement for the lost rank once the "
+                   "survivors committed a step without it; it heals from a peer")  # fmt: skip
+    g.add_argument("--heartbeat-timeout", type=common.number(0, strict=True), metavar="S",
+                   help="--recovery live: a rank whose heartbeats stop this long leaves the "
+                   f"quorum (default {LIVE_TRAIN.heartbeat_timeout_s:g})")  # fmt: skip
+    g.add_argument(
+        "--no-compare",
+        action="store_true",
+        help="--recovery live: skip the restart path's run on the same job",
+    )
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--rank",
@@ -116,6 +139,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="resume from the last checkpoint and compare bitwise with an uninterrupted run",
     )
+    _add_live_arguments(p)
     p.add_argument(
         "--nodes",
         type=common.number(2, kind=int),
@@ -151,7 +175,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=_renamed, help=argparse.SUPPRESS)  # the old flag, explained
 
 
-def plan(args: argparse.Namespace) -> KillPlan | TorchrunKillPlan:
+def _live_plan(args: argparse.Namespace) -> LivePlan:
+    if args.launcher != "file" or args.recover:
+        raise ValueError("--recovery live runs its own ranks and compares with --recover's "
+                         "path itself: drop --launcher torchrun and --recover")  # fmt: skip
+    # what was given (differs from the restart path's defaults) replaces the live defaults
+    names = [*_TRAIN_FIELDS, "collective_timeout_s"]
+    given = {f: getattr(args, f) for f in names if getattr(args, f) != getattr(DEFAULT_TRAIN, f)}
+    train = LIVE_TRAIN.replace(**given)
+    if args.heartbeat_timeout is not None:
+        train = train.replace(heartbeat_timeout_s=args.heartbeat_timeout)
+    return LivePlan(
+        rank=host_rank(args.host, args.mode, args.nodes) if args.rank is None else args.rank,
+        at_step=args.at_step, mode=args.mode, train=train, nodes=args.nodes, rejoin=args.rejoin,
+        compare=not args.no_compare, run_timeout_s=args.run_timeout, image=args.image,
+        runs_dir=args.runs_dir, progress=args.progress,
+    )  # fmt: skip
+
+
+def plan(args: argparse.Namespace) -> KillPlan | TorchrunKillPlan | LivePlan:
+    if args.recovery == "live":
+        return _live_plan(args)
+    live_only = [f for f in ("rejoin", "heartbeat_timeout", "no_compare") if getattr(args, f)]
+    if live_only:
+        flag = "--" + live_only[0].replace("_", "-")
+        raise ValueError(f"{flag} goes with --recovery live: add it, or drop {flag}")
     names = [*_TRAIN_FIELDS, *_FAULT_FIELDS, "collective_timeout_s"]
     shared = dict(
         rank=host_rank(args.host, args.mode, args.nodes) if args.rank is None else args.rank,
@@ -181,7 +229,11 @@ def plan(args: argparse.Namespace) -> KillPlan | TorchrunKillPlan:
     return KillPlan(**shared)
 
 
-def run(plan: KillPlan | TorchrunKillPlan) -> KillResult | TorchrunKillResult:
+def run(
+    plan: KillPlan | TorchrunKillPlan | LivePlan,
+) -> KillResult | TorchrunKillResult | LiveResult:
+    if isinstance(plan, LivePlan):
+        return live.run(plan)
     if isinstance(plan, TorchrunKillPlan):
         return torchrun_run.run_torchrun_kill(plan)
     return run_file(plan)
@@ -192,7 +244,9 @@ def _publish(result: KillResult | TorchrunKillResult, made: Results) -> None:
         print(line)
 
 
-def report(result: KillResult | TorchrunKillResult) -> int:
+def report(result: KillResult | TorchrunKillResult | LiveResult) -> int:
+    if isinstance(result, LiveResult):
+        return live.report(result)
     if isinstance(result.plan, TorchrunKillPlan):
         verdict = judge(result)
         write_report(result, verdict)

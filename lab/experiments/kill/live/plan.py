@@ -1,0 +1,134 @@
+"""``lab kill --recovery live``'s plan: the job, the fault, the replacement, and the restart
+path it is compared with. Pure and validated before any container exists.
+
+The ranks run one per container (nodes 0..N-1) and the coordinator in a container of its own
+(node N), so no rank's fault takes the store along. The restart path is the same job under
+``lab kill --recover`` (checkpoints every ``restart_checkpoint_every`` steps, every rank
+restarted after the fault, resumed from the newest checkpoint): the row the live path is
+measured against, run by the same command on the same containers' image.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddp.torchfree import TrainConfig
+from lab.engine.layout import Layout
+from lab.engine.specs import DEFAULT_IMAGE
+from lab.experiments.kill.plan import KillPlan, checkpoint_dir, default_run_timeout
+
+__all__ = ["COORDINATOR_PORT", "LIVE_MODES", "LIVE_TRAIN", "LivePlan"]
+
+COORDINATOR_PORT = 29500
+LIVE_MODES = ("kill", "pause", "partition")
+# The tower model (82 tensors, 1.1 MB): big enough that healing moves real bytes. A short
+# sleep per step keeps the steps apart so the fault lands inside the one it is aimed at.
+LIVE_TRAIN = TrainConfig(
+    model="tower", steps=40, batch_size=64, step_delay_ms=100.0, collective_timeout_s=10.0,
+    recovery="live", heartbeat_timeout_s=2.0,
+)  # fmt: skip
+_SLACK_S = 120.0
+
+
+@dataclass(frozen=True)
+class LivePlan:
+    """One ``lab kill --recovery live`` run."""
+
+    rank: int
+    at_step: int
+    mode: str
+    train: TrainConfig = field(default_factory=lambda: LIVE_TRAIN)
+    nodes: int = 4
+    rejoin: bool = False
+    compare: bool = True  # also run the restart path on the same job
+    restart_checkpoint_every: int = 2
+    run_timeout_s: float | None = None
+    image: str = DEFAULT_IMAGE
+    runs_dir: Path = Path("runs")
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mode not in LIVE_MODES:
+            raise ValueError(
+                f"--recovery live takes --mode {', '.join(LIVE_MODES)}, got {self.mode!r}"
+            )
+        if self.nodes < 3:
+            raise ValueError(
+                f"--recovery live needs --nodes >= 3, got {self.nodes}: after losing one rank "
+                "the survivors must be more than half of the quorum to go on"
+            )
+        if not 0 <= self.rank < self.nodes:
+            raise ValueError(f"--rank must be in 0..{self.nodes - 1}, got {self.rank}")
+        if not 2 <= self.at_step < self.train.steps:
+            raise ValueError(
+                f"--at-step must be in 2..{self.train.steps - 1} (a step before the fault to "
+                f"measure, one after it to commit), got {self.at_step}"
+            )
+        if self.train.recovery != "live":
+            raise ValueError("the training config must have recovery='live'")
+        if self.compare and not 1 <= self.restart_checkpoint_every < self.at_step:
+            raise ValueError(
+                f"the restart path checkpoints every {self.restart_checkpoint_every} steps: "
+                f"that must be >= 1 and below --at-step {self.at_step}"
+            )
+        self.train.local_batch(self.nodes)
+        if self.run_timeout_s is None:
+            object.__setattr__(self, "run_timeout_s", default_run_timeout(self.train))
+        elif not (math.isfinite(self.run_timeout_s) and self.run_timeout_s > 0):
+            raise ValueError(f"--run-timeout must be > 0 seconds, got {self.run_timeout_s!r}")
+        if self.compare:
+            self.restart_plan()  # the restart path's plan validates too
+
+    @property
+    def layout(self) -> Layout:
+        """The ranks' nodes: one rank each. The coordinator's node comes after them."""
+        return Layout(self.nodes, 1)
+
+    @property
+    def cluster_layout(self) -> Layout:
+        return Layout(self.nodes + 1, 1)
+
+    @property
+    def coordinator_node(self) -> int:
+        return self.nodes
+
+    @property
+    def lifetime_s(self) -> float:
+        assert self.run_timeout_s is not None
+        return math.ceil(2 * self.run_timeout_s + _SLACK_S)
+
+    def config(self, coordinator: str) -> TrainConfig:
+        """Every rank's config (a replacement's too): the coordinator's ``HOST:PORT``."""
+        return self.train.replace(coordinator=coordinator)
+
+    def coordinator_argv(self) -> list[str]:
+        assert self.run_timeout_s is not None
+        return [
+            "python", "-m", "ddp.recovery.coordinator", "--port", str(COORDINATOR_PORT),
+            "--world-size", str(self.nodes),
+            "--heartbeat-timeout", f"{self.train.heartbeat_timeout_s:g}",
+            "--timeout", f"{self.lifetime_s:g}",
+        ]  # fmt: skip
+
+    def restart_plan(self) -> KillPlan:
+        """The same job on the restart path: checkpoints, the fault, every rank restarted."""
+        train = self.train.replace(
+            recovery="restart", coordinator=None, checkpoint_every=self.restart_checkpoint_every,
+            checkpoint_dir=checkpoint_dir("fault"),
+        )  # fmt: skip
+        return KillPlan(
+            rank=self.rank, at_step=self.at_step, mode=self.mode, train=train, nodes=self.nodes,
+            recover=True, run_timeout_s=self.run_timeout_s, image=self.image,
+            runs_dir=self.runs_dir, progress=self.progress,
+        )  # fmt: skip
+
+    def describe(self) -> str:
+        t = self.train
+        rejoin = ", then a replacement joins" if self.rejoin else ""
+        return (
+            f"{self.layout.describe()} and a coordinator node, model {t.model}, {t.steps} steps "
+            f"({t.step_delay_ms:g} ms step delay), heartbeat timeout {t.heartbeat_timeout_s:g} "
+            f"s; fault: {self.mode} rank {self.rank} in step {self.at_step}{rejoin}"
+        )

@@ -1,0 +1,156 @@
+"""``lab kill --recovery live``'s run: a coordinator container, one rank per container, the
+fault injected when the target's records say so, a replacement started once the survivors
+committed a step without it (``--rejoin``); then, on fresh containers, the restart path.
+
+The jobs are followed only through their typed records (the fault's trigger, the survivors'
+first commit at the smaller world, the end): :mod:`ddp.recovery.records`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ddp.torchfree import CommitRecord, StepRecord, load_attempts
+from lab.engine.client import RunTimeout, connect
+from lab.engine.cluster import Cluster
+from lab.engine.events import Event, LineEvent, RecordEvent
+from lab.engine.job import Job
+from lab.engine.training import train_argvs
+from lab.experiments.kill.live.plan import COORDINATOR_PORT, LivePlan
+from lab.experiments.kill.live.result import LiveResult, Moment
+from lab.experiments.kill.run import run as run_restart
+from lab.experiments.kill.text import tidy_line
+from lab.faults import FAULTS, Fault
+from lab.progress import Progress
+
+__all__ = ["run"]
+
+_Echo = Callable[[str], None]
+_WAIT_S = 0.05  # poll slice per job when following several
+_END_GRACE_S = 60.0  # after the survivors, how long the rest (replacement, coordinator) get
+
+
+class _Echo2:
+    """Every job's lines under its name; rank 0's steps (or the lowest survivor's) as progress."""
+
+    def __init__(self, plan: LivePlan, echo: _Echo) -> None:
+        self.progress = Progress(plan.train.steps, enabled=plan.progress, echo=echo)
+
+    def __call__(self, job: str) -> Callable[[Event], None]:
+        def follow(event: Event) -> None:
+            if isinstance(event, LineEvent):
+                who = f"node{event.node}" if event.rank is None else f"rank{event.rank}"
+                self.progress.write(f"[{job} {who}] {tidy_line(event.text)}")
+            elif isinstance(event, RecordEvent):
+                record = event.record
+                if isinstance(record, CommitRecord) and record.committed:
+                    self.progress.update(record.step)
+
+        return follow
+
+
+def _until(jobs: list[Job], hit: Callable[[Event], bool], timeout_s: float, what: str) -> Event:
+    """Poll every job in turn until an event of any satisfies ``hit``; RunTimeout naming
+    ``what`` otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for job in jobs:
+            event = job.poll(_WAIT_S)
+            if event is not None and hit(event):
+                return event
+    raise RunTimeout(f"live run: {what} did not happen within {timeout_s:g} s")
+
+
+def _drain(jobs: list[Job], ranks: dict[str, list[int]], timeout_s: float) -> None:
+    """Follow every job until each one's ``ranks`` exited, or the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(all(r in j.exits for r in ranks.get(j.name, j.ranks)) for j in jobs):
+            return
+        for job in jobs:
+            job.poll(_WAIT_S)
+
+
+def _trigger(plan: LivePlan) -> Callable[[Event], bool]:
+    def hit(event: Event) -> bool:
+        return (
+            isinstance(event, RecordEvent) and event.rank == plan.rank
+            and isinstance(event.record, StepRecord) and event.record.step == plan.at_step - 1
+        )  # fmt: skip
+
+    return hit
+
+
+def _committed_without(plan: LivePlan) -> Callable[[Event], bool]:
+    def hit(event: Event) -> bool:
+        r = event.record if isinstance(event, RecordEvent) else None
+        return isinstance(r, CommitRecord) and r.committed and r.world_size == plan.nodes - 1
+
+    return hit
+
+
+def _live(cluster: Cluster, plan: LivePlan, fault: Fault, echo: _Echo) -> list[Moment]:
+    """The live job, start to end; the lab's own moments (fault, replacement) for the
+    timeline."""
+    assert plan.run_timeout_s is not None
+    follow = _Echo2(plan, echo)
+    argv = {plan.coordinator_node: plan.coordinator_argv()}
+    coordinator = cluster.job("coordinator", argv, plan.lifetime_s, per_node=True,
+                              echo=follow("coordinator"))  # fmt: skip
+    cfg = plan.config(f"{cluster.address(plan.coordinator_node)}:{COORDINATOR_PORT}")
+    fault.prepare(cluster, plan.rank)  # one rank per node: the rank's node
+    echo(f"== live: {plan.nodes} ranks, coordinator at {cfg.coordinator} (node{plan.nodes})")
+    job = cluster.job("live", train_argvs("live", plan.layout, cfg), plan.run_timeout_s,
+                      echo=follow("live"))  # fmt: skip
+    jobs = [coordinator, job]
+    _until(jobs, _trigger(plan), plan.run_timeout_s,
+           f"rank {plan.rank} reporting step {plan.at_step - 1}")  # fmt: skip
+    # The fault's moment is when the Docker call began: it lands somewhere inside the call, so
+    # every "after the fault" figure is an upper bound.
+    start = time.time()
+    fault.inject()
+    moments = [Moment(start, f"lab: {plan.mode} rank {plan.rank} ({fault.detail}; the call "
+                      f"took {time.time() - start:.3f} s)", "fault")]  # fmt: skip
+    survivors = [r for r in range(plan.nodes) if r != plan.rank]
+    if plan.rejoin:
+        _until(jobs, _committed_without(plan), plan.run_timeout_s,
+               f"a step committed at world {plan.nodes - 1}")  # fmt: skip
+        fault.release()
+        cluster.restart(plan.rank)  # the old process goes for good; a fresh one replaces it
+        argv = train_argvs("rejoin", plan.layout, cfg)[plan.rank]
+        jobs.append(cluster.job("rejoin", {plan.rank: argv}, plan.run_timeout_s,
+                                echo=follow("rejoin")))  # fmt: skip
+        moments.append(Moment(time.time(), f"lab: replacement for rank {plan.rank} started",
+                              "replacement"))  # fmt: skip
+    _drain(jobs, {"live": survivors, "coordinator": []}, plan.run_timeout_s)
+    fault.release()  # a paused or cut-off rank may go now
+    _drain(jobs, {}, _END_GRACE_S)
+    follow.progress.close()
+    for j in jobs:
+        j.close()
+    if job.running and any(r in survivors for r in job.running):
+        raise RunTimeout(f"live run: survivors {job.running} still running after "
+                         f"{plan.run_timeout_s:g} s")  # fmt: skip
+    return moments
+
+
+def run(plan: LivePlan, echo: _Echo = print) -> LiveResult:
+    """The live run on one cluster, then (``plan.compare``) the restart path on another."""
+    started = time.monotonic()
+    fault_type = FAULTS[plan.mode]
+    cluster = Cluster(connect(), plan.cluster_layout, image=plan.image, echo=echo,
+                      lifetime_s=plan.lifetime_s, net_admin=fault_type.NET_ADMIN)  # fmt: skip
+    cluster.run_dir = run_dir = plan.runs_dir / cluster.run_id
+    echo(f"run {cluster.run_id}: {plan.describe()}; image {plan.image}; output in {run_dir}/")
+    with cluster, fault_type() as fault:
+        moments = _live(cluster, plan, fault, echo)
+        codes = {j.name: j.codes for j in cluster.jobs}
+    logs = {name: load_attempts(run_dir / name / "logs") for name in ("live", "rejoin")
+            if (run_dir / name / "logs").is_dir()}  # fmt: skip
+    restart = None
+    if plan.compare:
+        echo("== the restart path on the same job (lab kill --recover)")
+        restart = run_restart(plan.restart_plan(), echo)
+    return LiveResult(plan, cluster.run_id, run_dir, moments, logs, codes, restart,
+                      time.monotonic() - started)  # fmt: skip

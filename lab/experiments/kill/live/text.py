@@ -1,0 +1,68 @@
+"""What ``lab kill --recovery live`` prints: the timeline from the ranks' records and the lab's
+own moments, the table of recovery paths, the verdict, and last, one line a script can read.
+Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ddp.torchfree import recovery_timeline
+from lab.experiments.kill.live.analysis import PathRow, Verdict, live_records
+from lab.experiments.kill.live.result import LiveResult
+
+__all__ = ["headline", "lines", "table"]
+
+
+def _s(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f} s"
+
+
+def table(rows: Sequence[PathRow]) -> list[str]:
+    """One line per path; the same job, link and image in every row."""
+    out = [f"{'path':<26}{'fault -> next committed step':>30}{'healing':>10}"
+           f"{'steps redone':>14}{'step ms without faults':>24}"]  # fmt: skip
+    for r in rows:
+        step = "-" if r.step_ms is None else f"{r.step_ms:.1f}"
+        redone = "-" if r.steps_redone is None else str(r.steps_redone)
+        out.append(f"{r.name:<26}{_s(r.fault_to_commit_s):>30}{_s(r.heal_s, 3):>10}"
+                   f"{redone:>14}{step:>24}")  # fmt: skip
+    return out
+
+
+def headline(result: LiveResult, live: PathRow, restart: PathRow | None, figs: dict,
+             verdict: Verdict) -> str:  # fmt: skip
+    """E.g. ``live recovery: 0.6 s from the fault to the first committed step at world 3
+    (restart path: 21.4 s); rank 2 healed from rank 0 in 0.4 s; replicas identical after every
+    committed step``."""
+    world = result.plan.nodes - 1
+    text = f"live recovery: {_s(live.fault_to_commit_s)} from the fault to the first "
+    text += f"committed step at world {world}"
+    if restart is not None:
+        text += f" (restart path: {_s(restart.fault_to_commit_s, 1)})"
+    if figs.get("heal_from") is not None:
+        text += (f"; rank {result.plan.rank} healed from rank {figs['heal_from']} in "
+                 f"{_s(figs.get('heal_s'), 3)}")  # fmt: skip
+    return text + ("; replicas identical after every committed step" if verdict.ok
+                   else "; FAILED: " + "; ".join(verdict.lines))  # fmt: skip
+
+
+def lines(result: LiveResult, live: PathRow, restart: PathRow | None, figs: dict,
+          verdict: Verdict) -> list[str]:  # fmt: skip
+    """Everything printed after the run, the headline last."""
+    fault = result.moment("fault")
+    out = []
+    if fault is not None:
+        extra = [(m.t, m.text) for m in result.moments]
+        out += ["timeline (seconds after the fault; the ranks' records and the lab's moments):"]
+        out += recovery_timeline(live_records(result), fault.t, extra)
+    if figs.get("startup_s") is not None:
+        reg = figs.get("registered_to_step_s")
+        out.append(
+            f"replacement: {figs['startup_s']:.2f} s from its process start to registering "
+            f"(interpreter, torch import), then {_s(reg, 3)} from registering to its first "
+            f"committed step ({figs.get('heal_bytes', 0) / 1e6:.2f} MB healed)"
+        )
+    out += ["", *table([r for r in (restart, live) if r is not None])]
+    out += [f"verdict: {line}" for line in verdict.lines]
+    out.append(headline(result, live, restart, figs, verdict))
+    return out
