@@ -22,10 +22,11 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import IO
 
 from ddp.program.config import TrainConfig
-from ddp.program.records import EndRecord, Record, parse_record_line
+from ddp.program.records import EndRecord, Record, load_attempts, parse_record_line
 from ddp.recovery.records import CommitRecord, QuorumRecord, RecoveryVerdictRecord
 from ddp.recovery.timeline import figures, timeline
 
@@ -52,8 +53,8 @@ def _follow(name: int | str, stream: IO[str], out: queue.Queue) -> None:
 class LocalJob:
     """The coordinator and rank processes of one local live run."""
 
-    def __init__(self, cfg: TrainConfig, world: int, log_dir: str) -> None:
-        self.cfg, self.world = cfg, world
+    def __init__(self, cfg: TrainConfig, world: int, log_dir: str, follow: bool = True) -> None:
+        self.cfg, self.world, self.log_dir = cfg, world, log_dir
         self.port = _free_port()
         self.records: queue.Queue = queue.Queue()
         self.events: list[Record] = []
@@ -62,7 +63,7 @@ class LocalJob:
         self.victim: str | None = None  # the rank the fault hit
         self.procs: dict[str, subprocess.Popen] = {}
         self.rank_cfg = cfg.replace(
-            coordinator=f"127.0.0.1:{self.port}", log_dir=log_dir, emit_records=True
+            coordinator=f"127.0.0.1:{self.port}", log_dir=log_dir, emit_records=follow
         )
         timeout = f"{max(300.0, cfg.steps * 10.0):g}"
         self._start(
@@ -134,6 +135,9 @@ def _drive(
 
 
 def _report(job: LocalJob, t_kill: float | None, kill: tuple[int, int] | None) -> int:
+    # The files are complete and also hold what no fault injection needed to follow.
+    logs = load_attempts(Path(job.log_dir))
+    job.events = [rec for attempts in logs.values() for log in attempts for rec in log.records]
     ends = [r for r in job.events if isinstance(r, EndRecord)]
     verdicts = [r for r in job.events if isinstance(r, RecoveryVerdictRecord)]
     t0 = (
@@ -192,7 +196,8 @@ def run_local(cfg: TrainConfig, args: argparse.Namespace) -> int:
     kill = (args.kill_rank, args.kill_at_step) if args.kill_rank is not None else None
     # A terminated launcher still stops its processes (the finally below).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    job = LocalJob(cfg, args.world_size, log_dir)
+    # Records are followed live only to time a fault: a run without one reads them at the end.
+    job = LocalJob(cfg, args.world_size, log_dir, follow=kill is not None)
     try:
         for r in range(args.world_size):
             job.start_rank(r, str(r))
