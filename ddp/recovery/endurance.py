@@ -37,7 +37,7 @@ __all__ = ["main"]
 
 def _plan(steps: int) -> list[tuple[int, int, str]]:
     """(step, rank, what) for the five faults, spread over the run."""
-    at = [round(steps * f) for f in (0.1, 0.25, 0.45, 0.65, 0.8)]
+    at = [round(steps * f) for f in (0.1, 0.25, 0.4, 0.55, 0.65)]
     return [(at[0], 2, "kill"), (at[1], 1, "pause"), (at[2], 3, "stall"), (at[3], 0, "kill"),
             (at[4], 1, "kill+rejoin")]  # fmt: skip
 
