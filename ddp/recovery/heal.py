@@ -86,6 +86,7 @@ def heal(
         return Heal(src, (), top, identical), step, history
     t0 = time.perf_counter()
     flat_parts = _state(module, opt, bool(table[src, 2]))
+    assert all(t.dtype == torch.float32 for t in flat_parts), "one flat float32 buffer"
     nbytes = sum(t.numel() * t.element_size() for t in flat_parts)
     if me == src:
         member.store.set(keys.history(qid), json.dumps(history))
