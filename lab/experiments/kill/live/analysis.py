@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from ddp.torchfree import (
     CommitRecord,
     ConfigRecord,
+    HealRecord,
     Record,
     RecoveryVerdictRecord,
     recovery_figures,
@@ -55,7 +56,11 @@ def live_row(result: LiveResult) -> tuple[PathRow, dict]:
     if fault is None:
         return PathRow("ours (live)", None, None, None, None), {}
     records = live_records(result)
-    figs = recovery_figures(records, fault.t, result.plan.nodes)
+    # The heal figures are the replacement's: a survivor left out of a quorum (it noticed the
+    # fault after the check-in window) heals too, and may come first.
+    lost = result.plan.rank
+    mine = [r for r in records if not isinstance(r, HealRecord) or r.rank == lost]
+    figs = recovery_figures(mine, fault.t, result.plan.nodes)
     failed = {r.step for r in records if isinstance(r, CommitRecord) and not r.committed}
     row = PathRow("ours (live)", figs.get("first_commit_s"), figs.get("heal_s"), len(failed),
                   figs.get("step_ms"))  # fmt: skip
