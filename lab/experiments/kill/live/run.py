@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ddp.torchfree import CommitRecord, StepRecord, load_attempts
+from ddp.torchfree import CommitRecord, load_attempts
 from lab.engine.client import RunTimeout, connect
 from lab.engine.cluster import Cluster
 from lab.engine.events import Event, LineEvent, RecordEvent
@@ -73,10 +73,14 @@ def _drain(jobs: list[Job], ranks: dict[str, list[int]], timeout_s: float) -> No
 
 
 def _trigger(plan: LivePlan) -> Callable[[Event], bool]:
+    """The target's commit of the step before: a live rank records a step once its vote
+    passed, at the start of the next step's check, so its step record comes a step late."""
+
     def hit(event: Event) -> bool:
+        r = event.record if isinstance(event, RecordEvent) else None
         return (
-            isinstance(event, RecordEvent) and event.rank == plan.rank
-            and isinstance(event.record, StepRecord) and event.record.step == plan.at_step - 1
+            isinstance(r, CommitRecord) and r.rank == plan.rank and r.committed
+            and r.step == plan.at_step - 1
         )  # fmt: skip
 
     return hit
