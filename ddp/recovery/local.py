@@ -177,14 +177,15 @@ def _figures_line(f: dict, kill: tuple[int, int], world: int) -> str:
 
     line = (
         f"fault -> noticed {s(f['noticed_s'])}, -> new quorum {s(f['quorum_s'])}, -> first "
-        f"committed step at world {world - 1} {s(f['first_commit_s'])} (step "
-        f"{f['first_commit_step']}"
+        f"committed step {s(f['first_commit_s'])} (step {f['first_commit_step']} at world "
+        f"{f['first_commit_world']}"
         f"; one step took {f['step_ms'] or 0:.1f} ms before the fault)"
     )
     if "heal_s" in f:
         line += (
             f"; rank {kill[0]} healed from rank {f['heal_from']}: {f['heal_bytes'] / 1e6:.2f} MB "
-            f"in {f['heal_s'] * 1e3:.1f} ms, registration -> first committed step "
+            f"in {f['heal_s'] * 1e3:.1f} ms; registration -> healed "
+            f"{s(f['registered_to_healed_s'])}, -> first committed step "
             f"{s(f['registered_to_step_s'])} (process start -> registration {s(f['startup_s'])})"
         )
     return line

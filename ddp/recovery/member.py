@@ -60,6 +60,7 @@ class Member:
         self.latest = 0  # the newest quorum id it has heard of
         self.abort: dict | None = None  # why the current quorum ended, once it has
         self.left_out = False  # see next_quorum
+        self._checked_in: set[int] = set()  # quorums this member checked in after
         self.wakers: set[threading.Event] = set()
         self._lock = threading.Lock()
         self._entered = threading.Event()
@@ -104,18 +105,22 @@ class Member:
             if note["kind"] == "superseded":
                 self.latest = max(self.latest, int(note["next"]))
             else:
-                self.notice(q, note["by"], note["why"])
+                self.notice(q, note["by"], note["why"], store)
 
-    def notice(self, q: int, source: str, why: str) -> None:
-        """Quorum ``q`` is over: remember why (once) and wake every waiting collective."""
+    def notice(self, q: int, source: str, why: str, store: dist.Store | None = None) -> None:
+        """Quorum ``q`` is over: remember why (once), wake every waiting collective and check
+        in for the next quorum at once, from whichever thread noticed: the main thread may be
+        busy for a while (the reference's step on group rank 0), and a member that checks in
+        after the coordinator's window is left out and must heal."""
         with self._lock:
             if q != self.qid or self.abort is not None:
                 return
             self.abort = {"by": source, "why": why}
             wakers = list(self.wakers)
-        self.on_notice(q, source, why)
         for ev in wakers:
             ev.set()
+        self.check_in(store)
+        self.on_notice(q, source, why)
 
     @contextlib.contextmanager
     def waking(self, ev: threading.Event) -> Iterator[None]:
@@ -134,10 +139,15 @@ class Member:
         self.store.compare_set(keys.notify(self.qid), "", json.dumps(note))
         self.notice(self.qid, "self", why)
 
-    def check_in(self) -> None:
-        """Ready for the quorum after the aborted one."""
-        n = self.store.add(keys.ready(self.qid), 1)
-        self.store.set(keys.ready_uid(self.qid, n), self.uid)
+    def check_in(self, store: dist.Store | None = None) -> None:
+        """Ready for the quorum after the aborted one (once per quorum; ``store``: the
+        calling thread's connection)."""
+        with self._lock:
+            q, done = self.qid, self.qid in self._checked_in
+            self._checked_in.add(q)
+        if not done:
+            store = store or self.store
+            store.set(keys.ready_uid(q, store.add(keys.ready(q), 1)), self.uid)
 
     def next_quorum(self) -> Quorum:
         """The newest quorum after ``qid`` (waiting for one); ``PeerFailure`` if the

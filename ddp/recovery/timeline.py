@@ -26,17 +26,25 @@ def _first(records: Iterable[Record], kind: type, after: float, **match: object)
 
 def figures(records: list[Record], t_fault: float, world: int) -> dict[str, float | int | None]:
     """The figures of one fault at ``t_fault`` in a job of ``world`` ranks (None: did not
-    happen): when it was noticed, the next quorum formed, the first step committed without the
-    lost rank, the median step before the fault; and a replacement's heal, if any."""
+    happen), in seconds after it: when it was noticed, the next quorum formed, the first step
+    committed in a later quorum (its step and world) and the first at ``world - 1``; the median
+    step (ms) before the fault; and a replacement's heal, if any: from which rank, bytes,
+    transfer seconds, process start to registration, registration to healed (ready for its
+    first step) and to its first committed step."""
     out: dict[str, float | int | None] = {}
     noticed = _first(records, FaultRecord, t_fault)
     quorum = _first(records, QuorumRecord, t_fault)
-    commit = _first(records, CommitRecord, t_fault, committed=True, world_size=world - 1)
+    failed_q = noticed.quorum_id if noticed else 0
+    after = [r for r in records if isinstance(r, CommitRecord) and r.quorum_id > failed_q]
+    commit = _first(after, CommitRecord, t_fault, committed=True)
+    smaller = _first(after, CommitRecord, t_fault, committed=True, world_size=world - 1)
     before = [r.step_ms for r in records if isinstance(r, StepRecord) and (r.t0 or 0) < t_fault]
     out["noticed_s"] = noticed.t - t_fault if noticed else None
     out["quorum_s"] = quorum.t - t_fault if quorum else None
     out["first_commit_s"] = commit.t - t_fault if commit else None
     out["first_commit_step"] = commit.step if commit else None
+    out["first_commit_world"] = commit.world_size if commit else None
+    out["first_commit_n_minus_1_s"] = smaller.t - t_fault if smaller else None
     out["step_ms"] = statistics.median(before) if before else None
     heal = _first(records, HealRecord, t_fault)
     if heal is not None:
@@ -45,6 +53,7 @@ def figures(records: list[Record], t_fault: float, world: int) -> dict[str, floa
         out["heal_bytes"] = heal.nbytes
         out["heal_s"] = heal.seconds
         out["startup_s"] = heal.registered_t - heal.started_t
+        out["registered_to_healed_s"] = heal.t - heal.registered_t
         out["registered_to_step_s"] = first.t - heal.registered_t if first else None
     return out
 
