@@ -5,6 +5,7 @@ its files say, and never stops the list."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -52,10 +53,32 @@ class RunEntry:
             return 0.0
 
 
+def _bench_summary(path: Path) -> RunSummary:
+    """``python -m ddp.bench --out DIR`` writes ``bench.json`` (ddp knows nothing of the lab's
+    summaries): its targets as a summary, so the runs list shows a bench beside the runs."""
+    doc = json.loads((path / "bench.json").read_text())
+    ratios = {k: v for k, v in doc["ratios"].items() if v.get("ratio") is not None}
+    figure = ", ".join(
+        f"{k.removesuffix(' step time')} {v['ratio']:.3f}" for k, v in ratios.items()
+    )
+    missed = [k for k, v in ratios.items() if not v["met"]]
+    verdict = f"targets not met: {'; '.join(missed)}" if missed else "every target met"
+    started = datetime.fromtimestamp((path / "bench.json").stat().st_mtime)
+    configs = {k: float(v) for k, v in doc.get("medians_ms", {}).get("multi", {}).items()}
+    return RunSummary("ddp.bench", path.name, str(doc["command"]),
+                      started.isoformat(timespec="seconds"), 0.0, figure, verdict,
+                      not missed, configs)  # fmt: skip
+
+
 def _entry(path: Path) -> RunEntry:
     try:
         return RunEntry(path, read_summary(path))
     except ValueError as e:
+        if (path / "bench.json").is_file() and not (path / "summary.json").exists():
+            try:
+                return RunEntry(path, _bench_summary(path))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as bad:
+                return RunEntry(path, None, f"bench.json unreadable ({type(bad).__name__})")
         return RunEntry(path, None, str(e))
 
 

@@ -144,3 +144,26 @@ def test_the_command_line_exits_2_for_an_unknown_id(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+
+
+def test_a_bench_folder_is_listed_from_its_bench_json(tmp_path, capsys):
+    """``python -m ddp.bench --out DIR`` writes no summary: its targets stand in for one."""
+    ratios = {"ours/torch step time": {"ratio": 1.031, "target": 1.0, "met": False},
+              "one node: ours+hierarchical/ours": {"ratio": 1.01, "target": 1.02, "met": True},
+              "skipped": {"ratio": None, "target": 1.03, "met": None}}  # fmt: skip
+    bench = tmp_path / "bench18"
+    bench.mkdir()
+    (bench / "bench.json").write_text(json.dumps({
+        "command": "python -m ddp.bench", "ratios": ratios,
+        "medians_ms": {"multi": {"ours@64": 93.0, "torch@64": 89.3}},
+    }))  # fmt: skip
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "bench.json").write_text("{")
+    assert main(["runs", "--runs-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("bench18"))
+    assert (
+        "ddp.bench" in line and "ours/torch 1.031, one node: ours+hierarchical/ours 1.010" in line
+    )
+    assert "targets not met: ours/torch step time" in line
+    assert "bench.json unreadable (JSONDecodeError)" in out
