@@ -64,7 +64,7 @@ def train_live(cfg: TrainConfig, replica: int, jlog: RecordLog, started_t: float
     )  # fmt: skip
     while run.step < cfg.steps:
         try:
-            if run.model is None or run.member.latest > run.quorum.id:
+            if run.model is None or run.agreed > run.quorum.id:
                 _enter(run)
             run_step(run, run.step + 1)
         except PeerFailure:

@@ -90,6 +90,7 @@ class Member:
 
     def _watch(self) -> None:
         store = self.store.clone()
+        store.set_timeout(_FOREVER)
         seen = 0
         while True:
             # Cleared before qid is read: an enter() in between sets it again, so a quorum
@@ -100,7 +101,12 @@ class Member:
             if q == seen:
                 continue
             seen = q
-            store.wait([keys.notify(q)], _FOREVER)
+            while True:  # a socket timeout is not a notice: wait again
+                try:
+                    store.wait([keys.notify(q)], _FOREVER)
+                    break
+                except RuntimeError:  # or the coordinator is gone: do not spin
+                    time.sleep(0.1)
             note = json.loads(store.get(keys.notify(q)))
             if note["kind"] == "superseded":
                 self.latest = max(self.latest, int(note["next"]))

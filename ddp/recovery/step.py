@@ -59,6 +59,7 @@ class LiveRun:
     step: int = 0  # the last step committed
     attempting: int | None = None  # the step under way, until it commits
     quorum: Quorum | None = None
+    agreed: int = 0  # the newest quorum id every member of the current one knows of
     group_rank: int = 0
     pg: Any = None
     model: DistributedDataParallel | None = None
@@ -93,7 +94,9 @@ def _gather(run: LiveRun, what: str) -> torch.Tensor | None:
     timeout = run.cfg.collective_timeout_s
     wait_work(run.pg.allgather([everyone], [mine]), run.member, timeout, what)
     g = torch.stack(everyone)
-    run.member.latest = max(run.member.latest, int(g[:, 1].max()))
+    # Only what every member gathered decides a switch: the watcher may hear of a new quorum
+    # between two gathers on one member and not on another.
+    run.agreed = max(run.agreed, int(g[:, 1].max()))
     if p is not None:
         run.pending = None
         _record_check(run, p, g)
