@@ -190,4 +190,7 @@ class Member:
         self._entered.set()
 
     def done(self) -> None:
+        """Finished: later notices (the coordinator ends the last quorum) are not faults."""
+        with self._lock:
+            self.qid = -1
         self.store.set(keys.done(self.uid), "1")
