@@ -20,6 +20,7 @@ from lab.engine.hosts import Host
 
 __all__ = ["SwarmScope"]
 
+_GWBRIDGE = "docker_gwbridge"
 _READY_S = 30.0  # a node that joined is Ready for the scheduler (and for attachments) by then
 
 
@@ -36,6 +37,7 @@ class SwarmScope:
         self.manager: docker.DockerClient | None = None
         self.created = False
         self.joined: list[tuple[Host, docker.DockerClient, str]] = []  # and their node ids
+        self._bridge_before: list[bool] = []
 
     def __enter__(self) -> SwarmScope:
         try:
@@ -46,6 +48,9 @@ class SwarmScope:
         return self
 
     def _enter(self) -> None:
+        # Joining a swarm makes docker_gwbridge (the containers' way out of an overlay), and
+        # leaving keeps it: what was not there before goes again on the way out.
+        self._bridge_before = [_has_gwbridge(c) for _, c in self.members]
         states = [(h, c, _state(c)) for h, c in self.members]
         odd = [(h, s.get("LocalNodeState")) for h, _, s in states
                if s.get("LocalNodeState") not in ("inactive", "active")]  # fmt: skip
@@ -133,6 +138,15 @@ class SwarmScope:
                 client.swarm.leave(force=True)
             self.echo(f"swarm: removed the swarm on {host.shown}")
             self.created = False
+        for (_, client), before in zip(self.members, self._bridge_before, strict=False):
+            if not before:
+                with contextlib.suppress(*GONE):
+                    client.networks.get(_GWBRIDGE).remove()
+        self._bridge_before = []
+
+
+def _has_gwbridge(client: docker.DockerClient) -> bool:
+    return bool(client.networks.list(names=[_GWBRIDGE]))
 
 
 def _remove_node(manager: docker.DockerClient, node_id: str) -> None:
