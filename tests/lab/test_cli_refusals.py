@@ -64,7 +64,7 @@ _REFUSED = [
     (f"{_TORCHRUN} --launcher mpirun", "argument --launcher: invalid choice: 'mpirun'"),
     (f"{_TORCHRUN} --run-timeout 0", "argument --run-timeout: expected a finite number > 0"),
     # lab latency
-    ("latency --caps 0,x", "expected comma-separated numbers"),
+    ("latency --caps 0,x", "--caps: expected comma-separated caps in MB or auto"),
     ("latency --ms -2", "argument --ms: expected a finite number >= 0"),
     ("latency --steps 2", "--steps must exceed the 2 warm-up steps"),
     ("latency --timeline-cap 3", "--timeline-cap 3 is not one of --caps"),
