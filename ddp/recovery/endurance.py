@@ -29,7 +29,7 @@ import time
 from ddp.program.config import TrainConfig
 from ddp.program.records import EndRecord
 from ddp.recovery.local import LocalJob
-from ddp.recovery.records import CommitRecord, QuorumRecord, RecoveryVerdictRecord
+from ddp.recovery.records import CommitRecord, RecoveryVerdictRecord
 from ddp.recovery.timeline import timeline
 
 __all__ = ["main"]
@@ -61,9 +61,6 @@ def _run(job: LocalJob, plan: list, hb: float, deadline: float) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("the endurance run did not finish in time")
         for name, r in job.drain():
-            job.events.append(r)
-            if isinstance(r, QuorumRecord):
-                job.entered.add(name)
             done = isinstance(r, CommitRecord) and r.committed
             if pending and done and r.step == pending[0][0] - 1:
                 step, rank, what = pending[0]

@@ -93,12 +93,18 @@ class LocalJob:
         return any(not n.endswith("+") or n in self.entered for n in running)
 
     def drain(self) -> list[tuple[str, Record]]:
+        """The records that arrived since the last call, by process name; each is kept in
+        ``events``, and a process that entered a quorum is marked in ``entered``."""
         got = []
         while True:
             try:
-                got.append(self.records.get_nowait())
+                name, record = self.records.get_nowait()
             except queue.Empty:
                 return got
+            self.events.append(record)
+            if isinstance(record, QuorumRecord):
+                self.entered.add(name)
+            got.append((name, record))
 
     def stop(self) -> None:
         for p in self.procs.values():
@@ -116,9 +122,6 @@ def _drive(
         if time.monotonic() > deadline:
             raise TimeoutError("the live run did not finish in time")
         for name, r in job.drain():
-            job.events.append(r)
-            if isinstance(r, QuorumRecord):
-                job.entered.add(name)
             done = isinstance(r, CommitRecord) and r.committed
             # Once it committed step S-1: the kill lands in step S itself.
             hit = done and r.step == kill[1] - 1 if kill else False
