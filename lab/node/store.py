@@ -5,12 +5,16 @@ replicas: none has a name the others could use as ``--rdzv-endpoint``, and any o
 the one that is restarted or lost. So the rendezvous lives in a service of its own: a TCPStore
 server on ``--port`` that torchrun's c10d backend uses as its key-value store (every agent is
 then a client, ``is_host=false``). It stays up until ``--count`` workers reported their exit
-code or ``--timeout`` passes, so nothing outlives the run, and then prints one line with every
-worker's exit code (torchrun's: 0 when all its workers succeeded, 1 when one failed past
-``--max-restarts``) and exits with the first non-zero one, so that compose and swarm runs can
-fail with it. A worker reports either as a file in ``--dir`` (compose: a volume every worker
-shares) or through the store itself, ``python -m lab.node.store --report rdzv:29400 --name
-NAME --code CODE`` (the swarm stack across hosts: nothing shared but the network).
+code or ``--timeout`` passes, so nothing outlives the run. An elastic job (torchrun
+``--nnodes MIN:MAX``) may lose a worker with its host, which then never reports: with ``--min``
+the store closes once ``--min`` workers reported and ``--grace`` seconds passed without the
+rest (the survivors of one rendezvous round end within seconds of each other). It then prints
+one line with every worker's exit code (torchrun's: 0 when all its workers succeeded, 1 when
+one failed past ``--max-restarts``) and exits with the first non-zero one, so that compose and
+swarm runs can fail with it. A worker reports either as a file in ``--dir`` (compose: a volume
+every worker shares) or through the store itself, ``python -m lab.node.store --report
+rdzv:29400 --name NAME --code CODE`` (the swarm stack across hosts: nothing shared but the
+network).
 
 The one module of :mod:`lab.node` that needs torch (imported when run; the lab image has it).
 """
@@ -18,6 +22,7 @@ The one module of :mod:`lab.node` that needs torch (imported when run; the lab i
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from datetime import timedelta
@@ -33,6 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=29400, help="TCP port (default 29400)")
     p.add_argument("--dir", type=Path, help="where the workers write exit codes, if anywhere")
     p.add_argument("--count", type=int, help="how many workers to wait for")
+    p.add_argument("--min", default="", help="enough workers for an elastic job (default --count)")
+    p.add_argument(
+        "--grace", type=float, default=60.0,
+        help="with --min: seconds to wait for the rest once --min reported (default 60)",
+    )  # fmt: skip
     p.add_argument("--timeout", type=float, default=900.0, help="seconds at most (default 900)")
     p.add_argument("--report", metavar="HOST:PORT", help="a worker: report to this store")
     p.add_argument("--name", help="--report: the worker's name (e.g. its hostname)")
@@ -44,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         return _report(args.report, args.name, args.code)
     if args.count is None or args.count < 1:
         p.error(f"--count must be >= 1, got {args.count}")
+    enough = args.count if args.min == "" else int(args.min) if args.min.isdigit() else 0
+    if not 1 <= enough <= args.count:  # "": the stack's NNODES_MIN left unset
+        p.error(f"--min must be an integer in 1..--count ({args.count}), got {args.min!r}")
 
     from torch.distributed import TCPStore
 
@@ -52,15 +65,17 @@ def main(argv: list[str] | None = None) -> int:
         timeout=timedelta(seconds=args.timeout),
     )  # fmt: skip
     print(f"rendezvous store listening on port {args.port}", flush=True)
-    deadline = time.monotonic() + args.timeout
+    deadline, last_call = time.monotonic() + args.timeout, math.inf
     while time.monotonic() < deadline:
         codes = _codes(args.dir, store)
-        if len(codes) >= args.count:
+        if last_call == math.inf and len(codes) >= enough:
+            last_call = time.monotonic() + args.grace
+        if len(codes) >= args.count or time.monotonic() >= last_call:
             del store
-            return _summary(codes)
+            return _summary(codes, args.count)
         time.sleep(0.5)
     print(f"store closes after --timeout {args.timeout:g} s", flush=True)
-    _summary(_codes(args.dir, store))
+    _summary(_codes(args.dir, store), args.count)
     return 1
 
 
@@ -91,10 +106,15 @@ def _codes(directory: Path | None, store: object) -> dict[str, int]:
     return codes
 
 
-def _summary(codes: dict[str, int]) -> int:
+def _summary(codes: dict[str, int], count: int) -> int:
     parts = ", ".join(f"{name} {code}" for name, code in codes.items())
     bad = [c for c in codes.values() if c != 0]
     what = "every worker succeeded" if not bad else "a worker failed (see its torchrun error)"
+    if not bad and len(codes) < count:
+        what = (
+            f"every worker that reported succeeded; {count - len(codes)} of {count} never "
+            "reported (lost with its host?)"
+        )
     print(f"worker exit codes (torchrun's): {parts}: {what}", flush=True)
     return bad[0] if bad and 0 < bad[0] < 256 else (1 if bad else 0)
 

@@ -63,6 +63,7 @@ def render() -> str:
     env = [
         "GLOO_SOCKET_IFNAME: eth0        # the overlay network's interface",
         'OMP_NUM_THREADS: "1"',
+        'NNODES_MIN: "${NNODES_MIN:-}"     # torchrun --nnodes NNODES_MIN:NNODES (unset: NNODES)',
         *(f'{k}: "{v}"' for k, v in TORCHRUN_ENV.items()),
         *(f'{k}: "${{{k}:-}}"' for k in switches),
     ]
@@ -87,10 +88,14 @@ def render() -> str:
 #
 # Nothing is shared but the network: one worker per host (MAX_PER_HOST=1, so NNODES hosts;
 # raise it for fewer hosts), logs in each worker's container, exit codes reported to the
-# rdzv store over TCP. A restart (MAX_RESTARTS) resumes from checkpoints only where every
-# worker sees rank 0's (CHECKPOINT_EVERY needs a filesystem all hosts share, e.g. NFS).
+# rdzv store over TCP. Elastic: with NNODES_MIN=2 MAX_RESTARTS=1 the workers that are left
+# when a host goes away re-rendezvous as a smaller world and start again from step 0 (the
+# store closes a minute after NNODES_MIN of them reported). A restart resumes from
+# checkpoints only where every worker sees rank 0's (CHECKPOINT_EVERY needs a filesystem all
+# hosts share, e.g. NFS; leave it 0 across hosts).
 # Variables: those of compose.yaml's training settings, and
 {settings()}
+#   NNODES_MIN           NNODES torchrun --nnodes NNODES_MIN:NNODES: the workers enough to go on
 
 version: "3.8"
 services:

@@ -41,10 +41,14 @@ def settings() -> str:
 
 def worker_command(ddp_flags: list[str], rdzv_id: str, *, shared: bool = True) -> list[str]:
     """The ``sh -c`` script of one worker, as the lines of a folded YAML scalar. ``shared``:
-    the exit code goes to a file on the shared volume; else to the ``rdzv`` store over TCP
-    (a stack across hosts, which share no volume)."""
+    the exit code goes to a file on the shared volume; else to the ``rdzv`` store over TCP,
+    and the world is elastic (a stack across hosts, which share no volume and may lose one)."""
+    # The stack is elastic, --nnodes MIN:MAX: the container's shell expands NNODES_MIN, unset
+    # meaning NNODES (a fixed world), as docker stack deploy knows no nested ${A:-${B}}.
+    n = _var("NNODES")[1:-1]
+    nnodes = _var("NNODES") if shared else f'"$${{NNODES_MIN:-{n}}}:{n}"'
     head = torchrun_head(
-        _var("NNODES"), _var("NPROC_PER_NODE"), f"rdzv:{RDZV_PORT}", rdzv_id,
+        nnodes, _var("NPROC_PER_NODE"), f"rdzv:{RDZV_PORT}", rdzv_id,
         _var("MAX_RESTARTS"), "is_host=false,join_timeout=${JOIN_TIMEOUT:-120}",
         '"$$(hostname -i)"',
     )  # fmt: skip
@@ -70,10 +74,11 @@ def worker_command(ddp_flags: list[str], rdzv_id: str, *, shared: bool = True) -
 
 def store_entrypoint(*, shared: bool = True) -> str:
     """The ``rdzv`` service's entrypoint: the c10d store, until every worker's exit code (in
-    files on the shared volume, or with ``shared`` False reported to the store itself)."""
+    files on the shared volume, or with ``shared`` False reported to the store itself; then
+    ``NNODES_MIN`` reports are enough once the rest are a minute late: lost with their host)."""
     return words(
         "python", "-m", "lab.node.store", f"--port={RDZV_PORT}",
-        *(["--dir=/shared/exits"] if shared else []),
+        *(["--dir=/shared/exits"] if shared else ["--min=${NNODES_MIN:-}"]),
         "--count=${NNODES:-4}", "--timeout=${RUN_TIMEOUT:-900}",
     )  # fmt: skip
 

@@ -51,3 +51,17 @@ def test_the_worker_runs_what_compose_runs():
     assert train == composed.split("--rdzv-id compose")[1].split("code=$$?")[0].replace(
         "${NO_OVERLAP:+", "$${NO_OVERLAP:+"
     ).replace("${NO_REFERENCE:+", "$${NO_REFERENCE:+")
+
+
+def test_the_stack_is_elastic_down_to_nnodes_min():
+    stack = yaml.safe_load(render())
+    worker = stack["services"]["worker"]
+    assert worker["entrypoint"][2].startswith(
+        'torchrun --nnodes "$${NNODES_MIN:-${NNODES:-4}}:${NNODES:-4}"'
+    )
+    assert worker["environment"]["NNODES_MIN"] == "${NNODES_MIN:-}"
+    store = stack["services"]["rdzv"]["entrypoint"]
+    assert "--min=${NNODES_MIN:-}" in store and "--count=${NNODES:-4}" in store
+    # compose's workers share one engine: a fixed world there
+    composed = yaml.safe_load(render_compose())["services"]["worker"]["entrypoint"][2]
+    assert composed.startswith('torchrun --nnodes "${NNODES:-4}" ')
