@@ -233,7 +233,8 @@ def _auto_cap_line(chosen: dict[str, object], buckets: int) -> str:
     return (
         f"auto bucket cap: {chosen['cap_mb']} MB ({buckets} bucket{'s' if buckets != 1 else ''}), "
         f"link fit "
-        f"{chosen['link_latency_ms']} ms + bytes at {chosen['link_mb_per_s']} MB/s, probed in "
+        f"{chosen['link_latency_ms']} ms + bytes at {chosen['link_mb_per_s']} MB/s, "
+        f"{chosen.get('call_cpu_ms', 0.0)} ms CPU per call, probed in "
         f"{chosen['probe_ms']} ms; predicted communication end per cap (ms): "
         + ", ".join(f"{c} {t}" for c, t in chosen["predicted_ms"].items())  # type: ignore[union-attr]
     )

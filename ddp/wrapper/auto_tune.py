@@ -11,6 +11,7 @@ every rank because only rank 0's measurements decide.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from typing import Any
 
@@ -24,9 +25,11 @@ __all__ = ["PROBE_BYTES", "AutoCap", "measure_link", "tune", "wants_auto"]
 # Allreduce sizes the link is timed at (each capped at the model's gradient bytes), from
 # latency-bound to bandwidth-bound, and how often each: the fastest run counts (noise only
 # adds). The large sizes run once: at 20 Mbit/s a 1 MB allreduce of 4 ranks takes ~0.6 s.
-# Fixed, not time-bounded: every rank must issue the same collectives.
+# The smallest size also gives the CPU time of one call (the median of its runs: a call's
+# CPU is what it is, not a wait that noise stretches). Fixed, not time-bounded: every rank
+# must issue the same collectives.
 PROBE_BYTES = (4 << 10, 64 << 10, 512 << 10, 1 << 20)
-PROBE_REPS = (3, 3, 1, 1)
+PROBE_REPS = (5, 3, 1, 1)
 
 
 class AutoCap:
@@ -45,6 +48,7 @@ class AutoCap:
             "predicted_ms": {str(c): round(t * 1e3, 3) for c, t in self.predicted_s.items()},
             "link_latency_ms": round(self.link.latency_s * 1e3, 3),
             "link_mb_per_s": round(self.link.bytes_per_s / (1 << 20), 3),
+            "call_cpu_ms": round(self.link.call_cpu_s * 1e3, 3),
             "probe_ms": round(self.probe_s * 1e3, 1),
         }
 
@@ -63,8 +67,12 @@ def wants_auto(
     return True, None
 
 
-def measure_link(group: dist.ProcessGroup | None, max_bytes: int) -> list[tuple[int, float]]:
-    """(bytes, seconds) of plain allreduces on ``group``; a collective on every rank."""
+def measure_link(
+    group: dist.ProcessGroup | None, max_bytes: int
+) -> tuple[list[tuple[int, float]], float]:
+    """(bytes, seconds) of plain allreduces on ``group``, and the process CPU time (all
+    threads: gloo's workers do the work) of one call at the smallest size; a collective on
+    every rank."""
     reps = {}
     for n, k in zip(PROBE_BYTES, PROBE_REPS, strict=True):
         size = max(4, min(n, max_bytes))
@@ -72,17 +80,20 @@ def measure_link(group: dist.ProcessGroup | None, max_bytes: int) -> list[tuple[
     if len(reps) < 2:
         reps = {4: 3, max(8, max_bytes): 1}
     dist.all_reduce(torch.zeros(1), group=group)  # line the ranks up before the first timing
-    samples = []
+    samples, cpu = [], []
+    smallest = min(reps)
     for n, k in sorted(reps.items()):
         for _ in range(k):
             t = torch.zeros(n // 4)
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             dist.all_reduce(t, group=group)
             samples.append((n, time.perf_counter() - t0))
+            if n == smallest:
+                cpu.append(time.process_time() - c0)
     best: dict[int, float] = {}
     for n, s in samples:
         best[n] = min(s, best.get(n, s))
-    return sorted(best.items())
+    return sorted(best.items()), statistics.median(cpu)
 
 
 def tune(reducer: Any, group: dist.ProcessGroup | None, logging: Any) -> AutoCap:
@@ -92,11 +103,11 @@ def tune(reducer: Any, group: dist.ProcessGroup | None, logging: Any) -> AutoCap
     ready = reducer.ready_profile()
     # the plan's bytes, the same on every rank (a rank's ready profile is not: a joined rank
     # recorded none), so every rank probes the same sizes
-    samples = measure_link(group, sum(reducer.bucket_sizes))
+    samples, call_cpu_s = measure_link(group, sum(reducer.bucket_sizes))
     probe_s = time.perf_counter() - t0
     decided: list[AutoCap | None] = [None]
     if dist.get_rank(group) == 0:
-        link = fit_link(samples)
+        link = fit_link(samples, call_cpu_s)
         decided[0] = AutoCap(choose_cap(ready or [(0.0, 4)], link), link, probe_s)
     src = dist.get_global_rank(group, 0) if group is not None else 0
     dist.broadcast_object_list(decided, src=src, group=group)

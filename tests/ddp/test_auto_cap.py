@@ -72,3 +72,29 @@ def test_predict_serialises_buckets_and_waits_for_readiness():
     assert predict([(0.0, 10), (0.0, 10), (0.0, 10)], link, 0.0) == pytest.approx(2.0)
     wire = LinkModel(0.0, 10.0)  # 1 s per 10 bytes, no latency
     assert predict([(0.0, 10), (0.0, 10)], wire, 0.0) == pytest.approx(2.0)
+
+
+def test_each_call_costs_its_cpu_once_per_bucket():
+    free = LinkModel(1.0, 1e12)
+    busy = LinkModel(1.0, 1e12, call_cpu_s=0.25)
+    ready = [(0.0, 10), (5.0, 10)]
+    assert predict(ready, busy, 0.0) == pytest.approx(predict(ready, free, 0.0) + 2 * 0.25)
+    assert predict(ready, busy, 25.0) == pytest.approx(predict(ready, free, 25.0) + 0.25)
+    with pytest.raises(ValueError, match="CPU per call"):
+        LinkModel(0.001, 1e9, call_cpu_s=-1.0)
+
+
+def test_a_fast_link_on_busy_cores_picks_few_buckets():
+    # the lab's unshaped run: 82 gradients (1.1 MB) ready over 40 ms of backward on loopback.
+    # Free calls hide behind backward, so small buckets look as good as one; at the 1.8 ms
+    # of CPU per call measured on 2 cores shared by 4 ranks, the fewest calls win
+    ready = _backward(82, 14 * KB, 0.040)
+    free = choose_cap(ready, LinkModel(0.0003, 1e9))
+    assert free.predicted_s[0.0] <= min(free.predicted_s.values()) * 1.01
+    busy = choose_cap(ready, LinkModel(0.0003, 1e9, call_cpu_s=0.0018))
+    assert busy.cap_mb >= 2.0  # 1.1 MB: one bucket
+    assert busy.predicted_s[0.0] >= 82 * 0.0018
+
+
+def test_fit_carries_the_cpu_per_call():
+    assert fit_link([(4 * KB, 0.001), (1 * MB, 0.002)], call_cpu_s=0.002).call_cpu_s == 0.002
