@@ -43,11 +43,11 @@ _REFUSED = [
     # lab kill --launcher torchrun, likewise
     (
         f"{_TORCHRUN} --mode partition",
-        "--launcher torchrun supports --mode kill only, got --mode part",
+        "--launcher torchrun supports --mode kill or host, got --mode part",
     ),
     (
         f"{_TORCHRUN} --mode pause",
-        "--launcher torchrun supports --mode kill only, got --mode pause",
+        "--launcher torchrun supports --mode kill or host, got --mode pause",
     ),
     (f"{_TORCHRUN} --recover", "--recover does not go with --launcher torchrun"),
     (

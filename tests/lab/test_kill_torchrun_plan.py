@@ -71,8 +71,28 @@ def test_the_trigger_is_the_ranks_record_of_the_step_before():
 
 
 def test_a_plan_refuses_the_same_things_without_the_command_line():
-    with pytest.raises(ValueError, match="--mode kill only"):
+    with pytest.raises(ValueError, match="--mode kill or host, got --mode pause"):
         TorchrunKillPlan(rank=0, at_step=5, mode="pause")
     with pytest.raises(ValueError, match="--procs-per-node must be an integer >= 1"):
         TorchrunKillPlan(rank=0, at_step=5, procs_per_node=0)
     assert "SIGKILL rank 1's worker process in step 5" in TorchrunKillPlan(1, 5).describe()
+
+
+def test_host_mode_runs_elastic_down_to_the_nodes_left_and_starts_fresh():
+    from lab.engine.engines import using
+    from lab.engine.hosts import HostSet, parse_hosts
+
+    hosts = HostSet(parse_hosts("unix:///a.sock,unix:///b.sock,unix:///c.sock"))
+    argv = ["kill", "--launcher", "torchrun", "--mode", "host", "--host", "2", "--nodes", "3",
+            "--at-step", "5", "--checkpoint-every", "0", "--batch-size", "48"]  # fmt: skip
+    with using(hosts):
+        plan = _plan(*argv)
+        assert (plan.lost, plan.rank, plan.survivors) == ((2,), 0, 2)
+        assert plan.launch.nnodes == "2:3"
+        assert "the host of node2 goes away in step 5" in plan.describe()
+        with pytest.raises(ValueError, match="pass --checkpoint-every 0"):
+            _plan(*argv[:-4], "--batch-size", "48")  # the default checkpoints every 2 steps
+        with pytest.raises(ValueError, match="takes --host K, not --rank"):
+            _plan(*argv, "--rank", "1")
+    with pytest.raises(ValueError, match="must be some, not all, of the 3 nodes"):
+        TorchrunKillPlan(rank=0, at_step=5, mode="host", nodes=3, lost=(0, 1, 2))

@@ -135,3 +135,32 @@ def test_the_report_json_and_the_exit_code(tmp_path, capsys):
     broken = _result(tmp_path, logs={"reference": _logs(), "fault": _logs("ab" * 32, 4)})
     assert report(broken) == 1
     assert not json.loads(write_report(broken, judge(broken)).read_text())["ok"]
+
+
+def test_a_lost_host_is_judged_on_the_new_world_alone(tmp_path):
+    """--mode host: nodes 0,1 x 2 workers, node1's host goes; ranks 0,1 start a world of 2
+    from step 0 and end with parity, identical to each other (not to the world of 4)."""
+    train = TorchrunKillPlan(0, 5).train.replace(checkpoint_every=0)
+    plan = TorchrunKillPlan(rank=0, at_step=5, mode="host", lost=(1,), train=train,
+                            procs_per_node=2, runs_dir=tmp_path)  # fmt: skip
+    survivors = {r: RankLog(r, [ConfigRecord(r, 2, 1, 0), EndRecord(r, True, "ab" * 32)])
+                 for r in range(2)}  # fmt: skip
+    lost = WorkerKill(0, 1, 0, "rank 0 reported step 4 done", T - 0.1, T, T + 0.3, 0, "",
+                      "host1 down: docker kill of node1 at once (ranks [2, 3], ...)")  # fmt: skip
+    result = _result(
+        tmp_path, plan=plan, kill=lost, events=_events(start=0, ranks=range(2)),
+        fault=JobOutcome("fault", T - 17.4, T + 15.9, {0: 0, 1: 137}),
+        logs={"reference": _logs(), "fault": survivors},
+    )  # fmt: skip
+    verdict = judge(result)
+    assert verdict.ok, verdict.lines()
+    lines = verdict.lines()
+    assert "   +0.00 s  fault: host1 down: docker kill of node1 at once" in lines[1]
+    assert "the new world started fresh (step 0)" in "\n".join(lines)
+    assert lines[-1].startswith("survived: the 2 ranks left trained a new world from step 0")
+    assert verdict.to_dict()["bitwise_equal"] is False
+    broken = {0: survivors[0], 1: RankLog(1, [ConfigRecord(1, 2, 1, 0)])}
+    assert not judge(dataclasses.replace(result, logs={"fault": broken})).ok
+    # the lost host's torchrun must not have exited 0, the others must have
+    clean = JobOutcome("fault", T - 17.4, T + 15.9, {0: 0, 1: 0})
+    assert not judge(dataclasses.replace(result, fault=clean)).ok

@@ -7,6 +7,7 @@ import dataclasses
 
 from ddp.torchfree import TrainConfig, add_train_arguments, config_from_args, flag_of
 from lab import args as common
+from lab.engine.engines import current
 from lab.experiments.kill import live, torchrun_run
 from lab.experiments.kill.live import LivePlan, LiveResult
 from lab.experiments.kill.live.plan import LIVE_TRAIN
@@ -51,12 +52,16 @@ The last line names the missing rank, e.g.
     noticed after 30.0 s
 With --recover it is followed by
   recovered: final parameters bitwise identical to an uninterrupted run
-With --launcher torchrun (--mode kill only, no --recover):
+With --launcher torchrun (--mode kill or host, no --recover):
   python -m lab kill --launcher torchrun --mode kill --nodes 2 --procs-per-node 2 \
     --max-restarts 1 --rank 3 --at-step 5
 prints the restart timeline (fault, the agent's report, the restarted workers, the step they
 resumed after, the verdict, torchrun's exits), the checks, and ends with e.g.
   recovered: final parameters of all 4 ranks bitwise identical to an uninterrupted run ...
+Across hosts, --mode host takes host K away under torchrun (--nnodes MIN:MAX, MIN the nodes
+left; the survivors start fresh, as hosts share no volume):
+  python -m lab kill --launcher torchrun --mode host --host 2 --at-step 5 --nodes 3 \
+    --checkpoint-every 0 --batch-size 48 --hosts HOSTS
 Files: runs/<run-id>/report.json, <phase>/logs/rank<R>.jsonl, fault/logs/flight/
 flight_rank<R>.json, <phase>/node<N>.log (phases: reference, fault, resume; under torchrun
 reference and fault, and a restarted rank's next attempt in rank<R>.attempt<N>.jsonl).
@@ -193,6 +198,16 @@ def _live_plan(args: argparse.Namespace) -> LivePlan:
     )  # fmt: skip
 
 
+def _lost_nodes(args: argparse.Namespace) -> tuple[int, ...]:
+    """``--mode host`` under torchrun: every node on host ``--host`` (torchrun's rendezvous,
+    not lab, decides which ranks run there)."""
+    if args.mode != "host":
+        return ()
+    if args.rank is not None:
+        raise ValueError("--launcher torchrun --mode host takes --host K, not --rank")
+    return tuple(i for i, h in enumerate(current().layout(args.nodes)) if h == args.host)
+
+
 def plan(args: argparse.Namespace) -> KillPlan | TorchrunKillPlan | LivePlan:
     if args.recovery == "live":
         return _live_plan(args)
@@ -215,10 +230,12 @@ def plan(args: argparse.Namespace) -> KillPlan | TorchrunKillPlan | LivePlan:
     )
     torchrun_only = {"--procs-per-node": args.procs_per_node, "--max-restarts": args.max_restarts}
     if args.launcher == "torchrun":
+        lost = _lost_nodes(args)
         return TorchrunKillPlan(
-            **shared,
+            **{**shared, "rank": 0 if lost else shared["rank"]},  # host: on rank 0's record
             procs_per_node=1 if args.procs_per_node is None else args.procs_per_node,
             max_restarts=1 if args.max_restarts is None else args.max_restarts,
+            lost=lost,
         )
     for flag, value in torchrun_only.items():
         if value is not None:

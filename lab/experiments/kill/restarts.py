@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from ddp.torchfree import ConfigRecord, RankLog, StepRecord, VerdictRecord
 from lab.engine.events import Event, ExitEvent, LineEvent, RecordEvent
 
-__all__ = ["PS_ARGV", "Recovered", "compare_final", "restart_timeline", "worker_pids"]
+__all__ = [
+    "PS_ARGV",
+    "Recovered",
+    "compare_final",
+    "compare_survivors",
+    "restart_timeline",
+    "worker_pids",
+]
 
 PS_ARGV = ["ps", "-eo", "pid=,args="]  # what worker_pids reads, run in the node
 _WORKER = " -u -m ddp train"  # how torchrun starts a worker: sys.executable -u -m ddp train
@@ -73,6 +80,7 @@ class Recovered:
     ok: bool
     line: str
     resumed_after: int | None  # the checkpoint step the last attempt started from
+    bitwise: bool = True  # compared bitwise with the uninterrupted run (not after a lost host)
 
 
 def compare_final(reference: Mapping[int, RankLog], resumed: Mapping[int, RankLog]) -> Recovered:
@@ -106,4 +114,26 @@ def compare_final(reference: Mapping[int, RankLog], resumed: Mapping[int, RankLo
         f"recovered: final parameters of all {len(reference)} ranks bitwise identical to an "
         f"uninterrupted run (sha256 {digest}..., resumed after step {after})",
         after,
+    )
+
+
+def compare_survivors(resumed: Mapping[int, RankLog], world: int) -> Recovered:
+    """A host lost under torchrun: the new, smaller world started fresh, so it is judged on
+    its own, not bitwise against the uninterrupted world (its gradients are averaged over
+    other shards, in another order): every rank ended with parity and identical replicas."""
+    ends = {r: resumed[r].end if r in resumed else None for r in range(world)}
+    missing = [r for r, end in ends.items() if end is None]
+    broken = [r for r, end in ends.items() if end is not None and not end.parity]
+    if missing or broken:
+        why = f"no end record for ranks {missing}" if missing else f"parity broken on {broken}"
+        return Recovered(False, f"survived: NO, the new world of {world}: {why}", 0, False)
+    shas = {end.params_sha256 for end in ends.values() if end is not None}
+    if len(shas) != 1:
+        return Recovered(False, f"survived: NO, the {world} replicas differ at the end", 0, False)
+    return Recovered(
+        True,
+        f"survived: the {world} ranks left trained a new world from step 0 to the end, parity "
+        f"holds and the replicas are identical (sha256 {shas.pop()[:12]}...)",
+        0,
+        False,
     )

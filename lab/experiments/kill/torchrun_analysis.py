@@ -16,7 +16,12 @@ from typing import Any
 
 from ddp.torchfree import ConfigRecord, RankLog, VerdictRecord
 from lab.engine.events import Event, RecordEvent
-from lab.experiments.kill.restarts import Recovered, compare_final, restart_timeline
+from lab.experiments.kill.restarts import (
+    Recovered,
+    compare_final,
+    compare_survivors,
+    restart_timeline,
+)
 from lab.experiments.kill.torchrun_plan import TorchrunKillPlan
 from lab.experiments.kill.torchrun_result import JobOutcome, TorchrunKillResult, WorkerKill
 
@@ -64,7 +69,7 @@ class Verdict:
             "checks": [asdict(c) for c in self.checks],
             "restarted": {str(r): s for r, s in sorted(self.restarted.items())},
             "resumed_after": self.recovered.resumed_after,
-            "bitwise_equal": self.recovered.ok,
+            "bitwise_equal": self.recovered.ok and self.recovered.bitwise,
             "recovered": self.recovered.line,
             "final_params_sha256": {
                 str(r): {"reference": a, "restarted": b, "equal": a is not None and a == b}
@@ -97,29 +102,37 @@ def judge(result: TorchrunKillResult) -> Verdict:
     ]
     fault_t = result.fault.started if kill is None else kill.start
     restarted, verdict = _after_fault(result.events, fault_t)
-    missing = sorted(set(range(world)) - set(restarted))
+    after = plan.survivors  # the new world's ranks: all, or those of the hosts left
+    missing = sorted(set(range(after)) - set(restarted))
     checks.append(
         Check(
             kill is not None and not missing,
-            "torchrun restarted the worker group: every rank set up again after the fault"
+            f"torchrun restarted the worker group: every rank of a world of {after} set up again "
+            "after the fault"
             if not missing
-            else f"ranks {missing} were not set up again after the fault (of {world})",
+            else f"ranks {missing} were not set up again after the fault (of {after})",
         )
     )
     checks.append(_resumed_check(plan, restarted, result.attempt_steps))
     holds = verdict is not None and verdict.holds
     said = verdict.message if verdict is not None else "no verdict after the fault"
-    checks.append(
-        Check(result.fault.clean and holds, _ended(result.fault, "restarted run") + f"; {said}")
-    )
+    ended = _survived(result.fault, plan.lost) if plan.lost else result.fault.clean
+    checks.append(Check(ended and holds, _ended(result.fault, "restarted run") + f"; {said}"))
     return Verdict(
         restart_timeline(result.events, fault_t, kill.what if kill else "none"),
         checks,
-        compare_final(ref_logs, run_logs),
+        compare_survivors(run_logs, after) if plan.lost else compare_final(ref_logs, run_logs),
         restarted,
         _shas(world, ref_logs, run_logs),
         None if kill is None else kill.start - result.fault.started,
     )
+
+
+def _survived(job: JobOutcome, lost: tuple[int, ...]) -> bool:
+    """The lost host's torchruns died with it; every other one exited 0."""
+    codes = job.codes
+    gone = all(codes.get(n, 0) != 0 for n in lost)
+    return not job.running and gone and all(c == 0 for n, c in codes.items() if n not in lost)
 
 
 def _kill_check(kill: WorkerKill | None) -> Check:
@@ -169,6 +182,15 @@ def _resumed_check(
     the last step every rank had logged in its first attempt (that step's checkpoint may
     still have been in writing, so an older one is no failure)."""
     starts = sorted(set(restarted.values()))
+    if plan.lost:
+        ok = starts == [0]
+        return Check(
+            ok,
+            "the new world started fresh (step 0): hosts share no volume, so no checkpoint "
+            "is one every new rank sees"
+            if ok
+            else f"the new world did not start at step 0 together: steps {starts}",
+        )
     firsts = [steps[0] for steps in attempt_steps.values() if steps]
     done = min(firsts) if firsts else 0
     every = plan.train.checkpoint_every

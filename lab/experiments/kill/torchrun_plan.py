@@ -11,9 +11,15 @@ the same containers, each with its own directory (logs, checkpoints) on the shar
   command line, and ``--auto-resume`` makes the new workers continue from the newest complete
   checkpoint in the job's directory.
 
-Only what torchrun can recover is offered: ``--mode kill`` (a paused worker is no failure to
-the agent, and a worker shares its container's network, so one cannot be cut off alone), and
-no ``--recover`` (torchrun restarts the workers itself; that is the experiment).
+``--mode host`` (across ``--hosts``) takes a whole host away instead, every container on it
+killed at once (:class:`lab.faults.host.HostDown`), when rank 0 reports step ``at_step - 1``.
+The agents run ``--nnodes MIN:MAX`` with MIN the nodes left, so the survivors re-rendezvous as
+a smaller world; hosts share no volume, so no checkpoint is one every new rank sees, and the
+new world starts fresh (``--checkpoint-every 0``).
+
+Only what torchrun can recover is offered: ``--mode kill`` and ``host`` (a paused worker is no
+failure to the agent, and a worker shares its container's network, so one cannot be cut off
+alone), and no ``--recover`` (torchrun restarts the workers itself; that is the experiment).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from lab.experiments.kill.plan import DEFAULT_TRAIN, default_run_timeout
 __all__ = ["PHASES", "TorchrunKillPlan"]
 
 PHASES = ("reference", "fault")
-_MODE = "kill"
+_MODES = ("kill", "host")
 _CONTAINER_SLACK_S = 180.0  # the containers outlive both jobs by this much
 
 
@@ -48,7 +54,8 @@ class TorchrunKillPlan:
     nodes: int = 2
     procs_per_node: int = 2
     max_restarts: int = 1
-    mode: str = _MODE
+    mode: str = "kill"
+    lost: tuple[int, ...] = ()  # --mode host: the nodes on the host taken away
     recover: bool = False
     run_timeout_s: float | None = None
     image: str = DEFAULT_IMAGE
@@ -56,9 +63,9 @@ class TorchrunKillPlan:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        if self.mode != _MODE:
+        if self.mode not in _MODES:
             raise ValueError(
-                f"--launcher torchrun supports --mode {_MODE} only, got --mode {self.mode}: "
+                f"--launcher torchrun supports --mode kill or host, got --mode {self.mode}: "
                 "torchrun restarts workers that die; a paused worker is no failure to its "
                 "agent, and a worker shares its container's network, so it cannot be cut off "
                 "alone (use --launcher file for pause and partition)"
@@ -73,6 +80,8 @@ class TorchrunKillPlan:
                 f"--max-restarts {self.max_restarts}: torchrun would give up at the first "
                 "failure; pass --max-restarts 1 or more"
             )
+        if self.mode == "host":
+            self._check_host()
         self.launch  # noqa: B018 - validates --nodes, --procs-per-node, --max-restarts
         world = self.layout.world_size
         if not 0 <= self.rank < world:
@@ -86,7 +95,7 @@ class TorchrunKillPlan:
                 f"--at-step {self.at_step} is outside the run: it trains steps 1..{steps}; "
                 "pick one of them or raise --steps"
             )
-        if not 1 <= every < self.at_step:
+        if self.mode == "kill" and not 1 <= every < self.at_step:
             raise ValueError(
                 f"--launcher torchrun: the restarted workers resume from a checkpoint, and "
                 f"none exists before the fault with --checkpoint-every {every} (the fault "
@@ -100,9 +109,32 @@ class TorchrunKillPlan:
         elif not (math.isfinite(self.run_timeout_s) and self.run_timeout_s > 0):
             raise ValueError(f"--run-timeout must be > 0 seconds, got {self.run_timeout_s!r}")
 
+    def _check_host(self) -> None:
+        if not 0 < len(self.lost) < self.nodes or not set(self.lost) <= set(range(self.nodes)):
+            raise ValueError(
+                f"--mode host: the host's nodes {list(self.lost)} must be some, not all, of "
+                f"the {self.nodes} nodes; spread them with --hosts (and --placement)"
+            )
+        if self.at_step < 2 or self.train.checkpoint_every:
+            raise ValueError(
+                "--launcher torchrun --mode host: the survivors start a new world from step 0 "
+                "(hosts share no volume, so no checkpoint is one every new rank sees) after "
+                "rank 0 reports step --at-step - 1: pass --checkpoint-every 0 and --at-step 2 "
+                f"or later (got {self.train.checkpoint_every} and {self.at_step})"
+            )
+
     @property
     def launch(self) -> Torchrun:
-        return Torchrun(self.nodes, self.procs_per_node, max_restarts=self.max_restarts)
+        """``--mode host``: ``--nnodes MIN:MAX``, MIN the nodes that stay."""
+        low = self.nodes - len(self.lost) if self.mode == "host" else None
+        return Torchrun(
+            self.nodes, self.procs_per_node, max_restarts=self.max_restarts, min_nodes=low
+        )
+
+    @property
+    def survivors(self) -> int:
+        """The ranks after the fault: every rank again, or those of the nodes that stay."""
+        return (self.nodes - len(self.lost)) * self.procs_per_node
 
     @property
     def layout(self) -> Layout:
@@ -152,6 +184,14 @@ class TorchrunKillPlan:
 
     def describe(self) -> str:
         t = self.train
+        if self.mode == "host":
+            lost = ", ".join(f"node{n}" for n in self.lost)
+            return (
+                f"torchrun on {self.layout.describe().replace('rank', 'worker')}, --nnodes "
+                f"{self.nodes - len(self.lost)}:{self.nodes}, max restarts {self.max_restarts}, "
+                f"model {t.model}, {t.steps} steps ({t.step_delay_ms:g} ms step delay), no "
+                f"checkpoint; fault: the host of {lost} goes away in step {self.at_step}"
+            )
         return (
             f"torchrun on {self.layout.describe().replace('rank', 'worker')}, max restarts "
             f"{self.max_restarts}, model {t.model}, {t.steps} steps ({t.step_delay_ms:g} ms "

@@ -16,7 +16,8 @@ __all__ = ["JobOutcome", "TorchrunKillResult", "WorkerKill"]
 
 @dataclass(frozen=True)
 class WorkerKill:
-    """Lab's kill of one worker process (host ``time.time()``)."""
+    """Lab's kill of one worker process, or of a whole host's containers (``host``; then
+    ``rank`` is the rank whose record triggered it and ``pid`` 0); times are ``time.time()``."""
 
     rank: int
     node: int
@@ -27,9 +28,12 @@ class WorkerKill:
     end: float  # when it returned
     code: int  # kill's exit code in the node: 0, the signal was sent
     output: str = ""
+    host: str = ""  # --mode host: what went, e.g. "host2 down: docker kill of node2 ..."
 
     @property
     def what(self) -> str:
+        if self.host:
+            return self.host
         return f"SIGKILL rank {self.rank}'s worker (pid {self.pid}) on node{self.node}"
 
 

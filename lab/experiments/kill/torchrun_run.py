@@ -22,6 +22,7 @@ from lab.engine.job import Job
 from lab.engine.specs import job_dir
 from lab.experiments.kill.torchrun_plan import TorchrunKillPlan
 from lab.experiments.kill.torchrun_result import JobOutcome, TorchrunKillResult, WorkerKill
+from lab.faults.host import HostDown
 from lab.progress import Progress, follow_steps
 
 __all__ = ["run_torchrun_kill"]
@@ -91,6 +92,19 @@ def _reference(cluster: Cluster, plan: TorchrunKillPlan, echo: _Echo) -> JobOutc
     return outcome
 
 
+def _host_down(
+    fault: HostDown, plan: TorchrunKillPlan, follower: _Follower, trigger: RecordEvent
+) -> WorkerKill:
+    """Every container of the host at once; the ranks it took are those torchrun put there."""
+    said = f"rank {plan.rank} reported step {plan.at_step - 1} done"
+    start = time.time()
+    fault.inject()
+    end = time.time()
+    ranks = sorted(r for r, (node, _) in follower.setup.items() if node in plan.lost)
+    what = f"{fault.detail.split(' (ranks')[0]} (ranks {ranks}, where torchrun put them)"
+    return WorkerKill(plan.rank, plan.lost[0], 0, said, trigger.t, start, end, 0, "", what)
+
+
 def _kill(
     cluster: Cluster, plan: TorchrunKillPlan, follower: _Follower, trigger: RecordEvent
 ) -> WorkerKill:
@@ -112,11 +126,18 @@ def _kill(
 def _faulted(
     cluster: Cluster, plan: TorchrunKillPlan, echo: _Echo
 ) -> tuple[JobOutcome, WorkerKill, list[Event]]:
+    what = (
+        f"take node{plan.lost[0]}'s host away" if plan.mode == "host"
+        else f"SIGKILL rank {plan.rank}'s worker process"
+    )  # fmt: skip
     echo(
-        f"== fault: SIGKILL rank {plan.rank}'s worker process as soon as it reports step "
-        f"{plan.at_step - 1}, then torchrun restarts the workers (logs in {job_dir('fault')}/logs)"
+        f"== fault: {what} as soon as rank {plan.rank} reports step {plan.at_step - 1}, then "
+        f"torchrun restarts the workers (logs in {job_dir('fault')}/logs)"
     )
     timeout = plan.fault_timeout_s
+    host = HostDown() if plan.mode == "host" else None
+    if host is not None:
+        host.prepare(cluster, plan.lost[0])
     job, follower = _started(cluster, plan, "fault", timeout, echo)
     trigger = None
     for event in job.events(plan.run_timeout_s):
@@ -131,10 +152,14 @@ def _faulted(
             f"rank {plan.rank} did not report step {plan.at_step - 1} within --run-timeout "
             f"{plan.run_timeout_s:g} s; node messages:\n{job.last_lines(None)}"
         )
-    kill = _kill(cluster, plan, follower, trigger)  # before any further event is handled
+    # before any further event is handled
+    if host is not None:
+        kill = _host_down(host, plan, follower, trigger)
+    else:
+        kill = _kill(cluster, plan, follower, trigger)
     follower.progress.write(
         f"[lab] {kill.start - job.started:+.2f} s: {kill.what} (kill exited {kill.code}, the "
-        f"docker exec took {kill.end - kill.start:.3f} s)"
+        f"Docker call took {kill.end - kill.start:.3f} s)"
     )
     job.wait(timeout - (time.time() - job.started) + _WAIT_SLACK_S)
     job.close()
