@@ -2,13 +2,16 @@
 
 It runs apart from every rank (a process, or a container of its own in the lab), so no rank's
 death takes it along. It holds the ``TCPStore`` every rank connects to, and every few
-milliseconds: reads new registrations, watches every member's heartbeat counter (a counter,
-not a timestamp: the coordinator's own clock judges staleness, so hosts' clocks need not
-agree), and decides the next quorum (``ddp.recovery.quorum``):
+milliseconds (at once when a member's connection ends): reads new registrations, watches
+every member's heartbeat counter (a counter, not a timestamp: the coordinator's own clock
+judges staleness, so hosts' clocks need not agree) and every member's idle connection
+(``ddp.recovery.liveness``: its end is the process's death), and decides the next quorum
+(``ddp.recovery.quorum``):
 
 * an abort notice for the current quorum (posted by a rank whose collective failed, or by the
-  coordinator itself for a member whose heartbeat stopped) opens a short window in which the
-  survivors check in; the next quorum is who checked in, plus ranks waiting to join;
+  coordinator itself for a member whose process is gone or whose heartbeat stopped) opens a
+  short window in which the survivors check in; it closes once every member not known lost
+  checked in; the next quorum is who checked in, plus ranks waiting to join;
 * ranks waiting to join, without an abort, give a next quorum at once; the members switch to
   it at their next step boundary (they agree on which one in their commit vote).
 
@@ -30,8 +33,10 @@ __all__ = ["Coordinator", "main"]
 class Coordinator:
     """The coordinator's state; ``tick()`` does one round of reading and deciding."""
 
-    def __init__(self, store, world_size: int, heartbeat_timeout_s: float, window_s: float) -> None:
-        self.store, self.expected = store, world_size
+    def __init__(
+        self, store, world_size: int, heartbeat_timeout_s: float, window_s: float, liveness=None
+    ) -> None:
+        self.store, self.expected, self.liveness = store, world_size, liveness
         self.heartbeat_timeout_s, self.window_s = heartbeat_timeout_s, window_s
         self.quorum = None  # the current Quorum
         self.seen = 0  # registrations read so far
@@ -39,6 +44,7 @@ class Coordinator:
         self.beats: dict[str, tuple[int, float]] = {}  # uid -> (counter, when it last moved)
         self.aborted_at: float | None = None
         self.dead: set[str] = set()
+        self.judged: dict[str, bool] = {}  # ended connections: member id -> it had not finished
         self.t0 = time.monotonic()
         self.exit_code: int | None = None
 
@@ -57,8 +63,10 @@ class Coordinator:
 
         now = time.monotonic()
         self._read_registrations(now)
+        gone = self._gone()
         stale = self._stale(now)
-        self.waiting = [u for u in self.waiting if u not in stale]
+        lost_now = stale | gone
+        self.waiting = [u for u in self.waiting if u not in lost_now]
         if self.quorum is None:
             self._publish_if_any(None)
             return
@@ -75,11 +83,9 @@ class Coordinator:
         q = self.quorum.id
         if self.aborted_at is None:
             notice = self.store.check([keys.notify(q)])
-            lost = [u for u in self.quorum.members if u in stale]
+            lost = [u for u in self.quorum.members if u in lost_now]
             if not notice and lost:
-                why = ", ".join(f"rank {u.split('.')[0]}" for u in lost)
-                why += f" missed heartbeats for {self.heartbeat_timeout_s:g} s"
-                note = {"kind": "abort", "by": "coordinator", "why": why}
+                note = {"kind": "abort", "by": "coordinator", "why": self._why(lost, gone)}
                 self.store.compare_set(keys.notify(q), "", json.dumps(note))
                 notice = True
             if notice:
@@ -88,16 +94,38 @@ class Coordinator:
             elif self.waiting:
                 self._publish_if_any(None)
             return
-        self._after_abort(now, stale)
+        self._after_abort(now, lost_now)
 
-    def _after_abort(self, now: float, stale: set[str]) -> None:
+    def _why(self, lost: list[str], gone: set[str]) -> str:
+        def ranks(uids: list[str]) -> str:
+            return ", ".join(f"rank {u.split('.')[0]}" for u in uids)
+
+        parts = []
+        if dead := [u for u in lost if u in gone]:
+            parts.append(f"{ranks(dead)}: process gone (its connection to the coordinator closed)")
+        if silent := [u for u in lost if u not in gone]:
+            parts.append(f"{ranks(silent)} missed heartbeats for {self.heartbeat_timeout_s:g} s")
+        return "; ".join(parts)
+
+    def _gone(self) -> set[str]:
+        """Members whose connection ended before they finished: their process is dead."""
+        if self.liveness is None:
+            return set()
+        from ddp.recovery.protocol import keys
+
+        for uid in self.liveness.gone():
+            if uid not in self.judged:  # a finished member said so before it closed
+                self.judged[uid] = not self.store.check([keys.done(uid)])
+        return {u for u, dead in self.judged.items() if dead}
+
+    def _after_abort(self, now: float, lost: set[str]) -> None:
         from ddp.recovery.protocol import keys
         from ddp.recovery.quorum import window_closed
 
         q = self.quorum.id
         n = self.store.add(keys.ready(q), 0)
         checked = [self.store.get(keys.ready_uid(q, i)).decode() for i in range(1, n + 1)]
-        alive = [u for u in self.quorum.members if u not in stale and u not in self.dead]
+        alive = [u for u in self.quorum.members if u not in lost and u not in self.dead]
         if window_closed(alive, checked, now - self.aborted_at, self.window_s):
             self._publish_if_any(checked)
 
@@ -189,12 +217,24 @@ def main(argv: list[str] | None = None) -> int:
         args.host, args.port, is_master=True, wait_for_workers=False,
         timeout=timedelta(seconds=60),
     )  # fmt: skip
-    coord = Coordinator(store, args.world_size, args.heartbeat_timeout, args.window_ms / 1e3)
-    coord.say(f"store listening on {args.host}:{args.port}, waiting for {args.world_size} ranks")
+    from ddp.recovery.liveness import Liveness
+    from ddp.recovery.protocol import keys
+
+    liveness = Liveness(args.host)
+    store.set(keys.LIVENESS, str(liveness.port))  # before any rank can ask for it
+    coord = Coordinator(
+        store, args.world_size, args.heartbeat_timeout, args.window_ms / 1e3, liveness
+    )
+    coord.say(
+        f"store listening on {args.host}:{args.port} (members' connections on port "
+        f"{liveness.port}), waiting for {args.world_size} ranks"
+    )
     deadline = time.monotonic() + args.timeout
     while coord.exit_code is None and time.monotonic() < deadline:
         coord.tick()
-        time.sleep(coord.interval())
+        # A member's connection that ends wakes the loop at once: that is a death to act on.
+        liveness.wake.wait(coord.interval())
+        liveness.wake.clear()
     if coord.exit_code is None:
         coord.say(f"stopping after --timeout {args.timeout:g} s")
         return 1

@@ -2,7 +2,9 @@
 
 Three store connections, so that no call waits behind another: the main one (registration,
 quorums, check-in), the heartbeat thread's (a counter incremented every fifth of the timeout)
-and the watcher's, which blocks in ``store.wait`` on the notice key of the current quorum. Every
+and the watcher's, which blocks in ``store.wait`` on the notice key of the current quorum; and
+one idle connection per registration whose end tells the coordinator that this process died
+(``ddp.recovery.liveness``). Every
 way a quorum ends sets that key (an abort by a rank or by the coordinator, or "superseded" when
 ranks join), so the watcher learns of it within a store round trip, with no polling, and wakes
 every collective this rank is waiting on (``ddp.recovery.waiting``).
@@ -20,6 +22,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from ddp.flight.diagnosis import PeerFailure
+from ddp.recovery.liveness import hold
 from ddp.recovery.protocol import Quorum, keys
 
 __all__ = ["Member", "connect"]
@@ -62,6 +65,7 @@ class Member:
         self.left_out = False  # see next_quorum
         self._checked_in: set[int] = set()  # quorums this member checked in after
         self.wakers: set[threading.Event] = set()
+        self._held: list[object] = []  # the liveness connections: open until the process ends
         self._lock = threading.Lock()
         self._entered = threading.Event()
         self._register()
@@ -76,6 +80,17 @@ class Member:
         n = self.store.add(keys.JOINED, 1)
         self.store.set(keys.joined(n), self.uid)
         self.registered_at = time.time()
+        host = self.address.rsplit(":", 1)[0]
+        port = int(self.store.get(keys.LIVENESS))
+        try:
+            self._held.append(hold(host, port, self.uid, self.timeout_s))
+        except OSError as e:
+            raise PeerFailure(
+                f"diagnosis: the recovery coordinator at {host} took no connection on its "
+                f"liveness port {port} ({e}); a firewall between the ranks and the "
+                "coordinator must let it through",
+                [],
+            ) from None
 
     def rejoin(self) -> None:
         """Register again under a new member id: this member was left out of a quorum (it

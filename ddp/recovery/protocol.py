@@ -16,6 +16,7 @@ class keys:
     """Key names. ``q`` is a quorum id, ``uid`` a member id (``<replica>.<incarnation>``)."""
 
     JOINED = "rec/joined"  # counter: registrations so far
+    LIVENESS = "rec/liveness"  # the coordinator's port for members' connections (liveness)
 
     @staticmethod
     def joined(n: int) -> str:

@@ -116,3 +116,40 @@ def test_coordinator_refuses_when_fewer_than_half_check_in(store):
     c.tick()
     assert c.exit_code == 3
     assert m.quorum(2).refused.startswith("only 1 of the last quorum's 4 ranks are left")
+
+
+@pytest.mark.timeout(30)
+def test_a_closed_connection_aborts_at_once_and_the_window_does_not_wait_for_it(store):
+    from ddp.recovery.liveness import Liveness, hold
+
+    m = _Members(store)
+    live = Liveness("127.0.0.1")
+    # a heartbeat timeout and a window far longer than the test: only the connection decides
+    c = Coordinator(store, world_size=3, heartbeat_timeout_s=60, window_s=60, liveness=live)
+    uids = [m.register(r) for r in range(3)]
+    conns = {u: hold("127.0.0.1", live.port, u, 5) for u in uids}
+    c.tick()
+    assert m.quorum(1).replicas == [0, 1, 2]
+
+    conns.pop("1.1").close()  # what the kernel does for a process that dies
+    assert live.wake.wait(5)
+    c.tick()
+    note = m.notice(1)
+    assert note["by"] == "coordinator"
+    assert note["why"] == "rank 1: process gone (its connection to the coordinator closed)"
+    m.check_in(1, "0.1", "2.1")
+    c.tick()  # both others checked in: the 60 s window is not waited for
+    q2 = m.quorum(2)
+    assert q2.replicas == [0, 2] and q2.lost == ("1.1",)
+
+    # a member that finished closes its connection too: that is no death
+    store.set(keys.done("0.1"), "1")
+    conns.pop("0.1").close()
+    deadline = time.monotonic() + 5
+    while "0.1" not in live.gone():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    c.tick()
+    assert not store.check([keys.notify(2)])
+    for conn in conns.values():
+        conn.close()
