@@ -39,6 +39,9 @@ class Fault(ABC):
         self.cluster: Cluster | None = None
         self.node: int | None = None
         self.detail = ""  # what exactly was done, for the report (e.g. the cut addresses)
+        # When the engine reports the fault in place (wall clock), if it does: tighter than
+        # the start of the call that injected it (see Kill).
+        self.landed_at: float | None = None
 
     def prepare(self, cluster: Cluster, node: int) -> None:
         """Before training: remember the target, and do what can be done ahead."""

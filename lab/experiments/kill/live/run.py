@@ -110,12 +110,18 @@ def _live(cluster: Cluster, plan: LivePlan, fault: Fault, echo: _Echo) -> list[M
     jobs = [coordinator, job]
     _until(jobs, _trigger(plan), plan.run_timeout_s,
            f"rank {plan.rank} reporting step {plan.at_step - 1}")  # fmt: skip
-    # The fault's moment is when the Docker call began: it lands somewhere inside the call, so
-    # every "after the fault" figure is an upper bound.
+    # The fault's moment: when the engine says it was in place (a kill: Docker's kill event,
+    # logged once the signal was sent), else when the Docker call began (it lands somewhere
+    # inside the call, so every "after the fault" figure is then an upper bound).
     start = time.time()
     fault.inject()
-    moments = [Moment(start, f"lab: {plan.mode} rank {plan.rank} ({fault.detail}; the call "
-                      f"took {time.time() - start:.3f} s)", "fault")]  # fmt: skip
+    took = time.time() - start
+    at, when = start, f"the call took {took:.3f} s"
+    if fault.landed_at is not None:
+        at = fault.landed_at
+        when = f"Docker's kill event {at - start:.3f} s into the call; the call took {took:.3f} s"
+    moments = [Moment(at, f"lab: {plan.mode} rank {plan.rank} ({fault.detail}; {when})",
+                      "fault")]  # fmt: skip
     survivors = [r for r in range(plan.nodes) if r != plan.rank]
     if plan.rejoin:
         _until(jobs, _committed_without(plan), plan.run_timeout_s,
