@@ -24,7 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 __all__ = ["Coordinator", "main"]
@@ -49,11 +51,23 @@ class Coordinator:
         self.exit_code: int | None = None
 
     def interval(self) -> float:
-        """Seconds to the next tick: 5 ms while a quorum is being formed, 20 ms in steady
-        state (the coordinator shares the cores with the ranks; a rank's abort notice reaches
-        its peers directly, the coordinator only forms the next quorum)."""
+        """Seconds to the next tick: 5 ms while a quorum is being formed; in steady state an
+        eighth of the heartbeat timeout, at most 0.25 s, since what needs an answer at once
+        wakes the loop (``main``: a closed member connection, an abort notice, a
+        registration), and the coordinator shares the cores with the ranks."""
         busy = self.quorum is None or self.aborted_at is not None or self.waiting
-        return 0.005 if busy else 0.02
+        return 0.005 if busy else min(0.25, self.heartbeat_timeout_s / 8)
+
+    def next_notice_key(self) -> str | None:
+        """The key whose appearance ends the current quorum (every end sets it)."""
+        from ddp.recovery.protocol import keys
+
+        return keys.notify(self.quorum.id) if self.quorum is not None else None
+
+    def next_registration_key(self) -> str:
+        from ddp.recovery.protocol import keys
+
+        return keys.joined(self.seen + 1)
 
     def say(self, text: str) -> None:
         print(f"[coordinator +{time.monotonic() - self.t0:8.3f} s] {text}", flush=True)
@@ -187,6 +201,27 @@ class Coordinator:
         return self.store.check([keys.done(u) for u in old or self.quorum.members])
 
 
+def _wake_on(store, key_now: Callable[[], str | None], wake: threading.Event) -> None:
+    """Wake the loop when the key ``key_now()`` names appears, once per key; blocks in the
+    store on a connection of its own (no store traffic while nothing happens). Every key it
+    waits on is set eventually (a quorum always ends with its notice), so none holds it."""
+    store = store.clone()
+    store.set_timeout(timedelta(days=1))
+    fired = None
+    while True:
+        key = key_now()
+        if key is None or key == fired:
+            time.sleep(0.02)  # the loop has not moved on yet
+            continue
+        try:
+            store.wait([key])
+        except RuntimeError:  # a socket timeout, or the store going away at the end
+            time.sleep(0.1)
+            continue
+        fired = key
+        wake.set()
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ddp.recovery.coordinator", description=__doc__)
     p.add_argument("--port", type=int, required=True, help="TCP port of the store")
@@ -220,11 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     from ddp.recovery.liveness import Liveness
     from ddp.recovery.protocol import keys
 
-    liveness = Liveness(args.host)
+    wake = threading.Event()
+    liveness = Liveness(args.host, wake)
     store.set(keys.LIVENESS, str(liveness.port))  # before any rank can ask for it
     coord = Coordinator(
         store, args.world_size, args.heartbeat_timeout, args.window_ms / 1e3, liveness
     )
+    for key_now in (coord.next_notice_key, coord.next_registration_key):
+        threading.Thread(target=_wake_on, args=(store, key_now, wake), daemon=True).start()
     coord.say(
         f"store listening on {args.host}:{args.port} (members' connections on port "
         f"{liveness.port}), waiting for {args.world_size} ranks"
@@ -232,9 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + args.timeout
     while coord.exit_code is None and time.monotonic() < deadline:
         coord.tick()
-        # A member's connection that ends wakes the loop at once: that is a death to act on.
-        liveness.wake.wait(coord.interval())
-        liveness.wake.clear()
+        wake.wait(coord.interval())
+        wake.clear()  # a wake after this is seen by the next tick's reads anyway
     if coord.exit_code is None:
         coord.say(f"stopping after --timeout {args.timeout:g} s")
         return 1

@@ -29,10 +29,10 @@ __all__ = ["Liveness", "hold"]
 class Liveness:
     """The coordinator's side: accepts members' connections and records which ones ended."""
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, wake: threading.Event | None = None) -> None:
         self._server = socket.create_server((host, 0))
         self.port = self._server.getsockname()[1]
-        self.wake = threading.Event()  # set when a connection ends
+        self.wake = wake or threading.Event()  # set when a connection ends
         self._gone: dict[str, float] = {}  # member id -> monotonic time its connection ended
         self._lock = threading.Lock()
         threading.Thread(target=self._serve, daemon=True).start()
