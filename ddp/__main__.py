@@ -36,7 +36,7 @@ log = logging.getLogger("ddp")
 
 
 def _run_local(args: argparse.Namespace, cfg: TrainConfig, argv: list[str]) -> int:
-    if cfg.recovery == "live":
+    if cfg.recovery in ("live", "torchft"):
         from ddp.recovery.local import run_local
 
         return run_local(cfg, args)
@@ -52,8 +52,9 @@ def _run_local(args: argparse.Namespace, cfg: TrainConfig, argv: list[str]) -> i
 
 
 def _rendezvous(args: argparse.Namespace, cfg: TrainConfig) -> Rendezvous:
-    if cfg.recovery == "live" and args.init_method is None and cfg.coordinator:
-        args.init_method = f"tcp://{cfg.coordinator}"  # the coordinator's store is the rendezvous
+    if cfg.recovery in ("live", "torchft") and args.init_method is None and cfg.coordinator:
+        # The coordinator's store is the rendezvous (torchft's lighthouse: the quorum's place).
+        args.init_method = f"tcp://{cfg.coordinator}"
     given = [args.rank is not None, args.world_size is not None, args.init_method is not None]
     if any(given) and not all(given):
         raise ValueError("pass all of --rank, --world-size and --init-method, or none (torchrun)")
@@ -68,7 +69,7 @@ def _run_one(cfg: TrainConfig, rdzv: Rendezvous) -> int:
     if out.message:
         # With --log-all-ranks the formatter names the rank already.
         log.error(out.message if cfg.log_all_ranks else f"[rank{rdzv.rank}] {out.message}")
-    if cfg.recovery == "live":
+    if cfg.recovery in ("live", "torchft"):
         exit_now(out.code)  # abandoned gloo groups must not hold the exit (ddp.recovery.rank)
     return out.code
 
@@ -145,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_live_run(cfg, args.world_size, one_rank, args)
         rdzv = _rendezvous(args, cfg) if one_rank else None
         world = rdzv.world_size if rdzv else args.world_size
-        if cfg.recovery != "live":  # live keeps the global batch over any world (ddp.recovery)
+        if cfg.recovery == "restart":  # live keeps the global batch over any world (ddp.recovery)
             cfg.local_batch(world)
         _check_writable("--log-dir", cfg.log_dir)
         _check_writable("--checkpoint-dir", cfg.checkpoints)

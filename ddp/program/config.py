@@ -48,7 +48,7 @@ SYNC_MODES = ("allreduce", "barrier", "none")
 # checkpoints, delays to watch them), "output" where and how it reports.
 GROUPS = ("train", "fault", "output")
 WRAPPERS = ("ours", "torch")
-RECOVERY_MODES = ("restart", "live")
+RECOVERY_MODES = ("restart", "live", "torchft")
 
 
 def _opt(default: Any, help: str, group: str = "train", **meta: Any) -> Any:
@@ -112,13 +112,15 @@ class TrainConfig:
     )  # fmt: skip
     recovery: str = _opt(
         "restart",
-        "what a lost rank costs: restart (the job stops; resume from a checkpoint) or live (the "
-        "survivors go on in a new quorum, a rank that joins heals from a peer: ddp.recovery)",
+        "what a lost rank costs: restart (the job stops; resume from a checkpoint), live (the "
+        "survivors go on in a new quorum, a rank that joins heals from a peer: ddp.recovery) or "
+        "torchft (the same, by torchft's Manager and lighthouse: the [torchft] extra)",
         "fault", choices=RECOVERY_MODES,
     )  # fmt: skip
     coordinator: str | None = _opt(
-        None, "HOST:PORT of the live-recovery coordinator (python -m ddp.recovery.coordinator); "
-        "python -m ddp starts one itself", "fault", metavar="HOST:PORT",
+        None, "HOST:PORT of the live-recovery coordinator (python -m ddp.recovery.coordinator), "
+        "or with --recovery torchft of torchft's lighthouse (python -m ddp.recovery.tft."
+        "lighthouse); python -m ddp starts one itself", "fault", metavar="HOST:PORT",
     )  # fmt: skip
     heartbeat_timeout_s: float = _opt(
         2.0, "--recovery live: a rank whose heartbeats stop this long leaves the quorum",

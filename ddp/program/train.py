@@ -45,6 +45,10 @@ def run_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
         from ddp.recovery.rank import run_live_rank
 
         return run_live_rank(cfg, rdzv)
+    if cfg.recovery == "torchft":  # the same under torchft's Manager (ddp.recovery.tft)
+        from ddp.recovery.tft.start import run_torchft_rank
+
+        return run_torchft_rank(cfg, rdzv)
     # torch.optim imports torch._dynamo lazily; imported while a group exists, it keeps a C++
     # reference to the group past destroy_process_group(), and gloo's threads then run into
     # interpreter shutdown (the bench's rare SIGABRT). Imported before the group, it takes none.

@@ -11,7 +11,7 @@ __all__ = ["add_fault_arguments", "check_live_run"]
 
 def add_fault_arguments(p: argparse.ArgumentParser) -> None:
     """``--kill-rank R --kill-at-step S [--rejoin]`` of local ``python -m ddp``."""
-    g = p.add_argument_group("live recovery, locally (with --recovery live)")
+    g = p.add_argument_group("live recovery, locally (with --recovery live or torchft)")
     g.add_argument(
         "--kill-rank", type=int, metavar="R", help="SIGKILL rank R once it starts step S"
     )
@@ -27,6 +27,14 @@ def add_fault_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _server(mode: str, world_size: int | None) -> str:
+    """The command that starts what ``--coordinator`` points at."""
+    if mode == "torchft":
+        least = (world_size + 1) // 2 if world_size else "M"
+        return f"python -m ddp.recovery.tft.lighthouse --port 29510 --min-replicas {least}"
+    return f"python -m ddp.recovery.coordinator --port 29500 --world-size {world_size or 'N'}"
+
+
 def check_live_run(
     cfg: Any, world_size: int | None, one_rank: bool, args: argparse.Namespace
 ) -> None:
@@ -36,18 +44,25 @@ def check_live_run(
     rejoin = getattr(args, "rejoin", False)
     if getattr(args, "signal", "KILL") != "KILL" and kill[0] is None:
         raise ValueError("--signal is the signal of --kill-rank: add --kill-rank")
-    if cfg.recovery != "live":
+    mode = cfg.recovery
+    if mode not in ("live", "torchft"):
         if kill != (None, None) or rejoin:
-            raise ValueError("--kill-rank, --kill-at-step and --rejoin need --recovery live")
+            raise ValueError(
+                "--kill-rank, --kill-at-step and --rejoin need --recovery live or torchft"
+            )
         return
+    if mode == "torchft":
+        from ddp.recovery.tft import require_torchft
+
+        require_torchft()
     if one_rank and not cfg.coordinator:
         raise ValueError(
-            "--recovery live needs --coordinator HOST:PORT: start one first with python -m "
-            f"ddp.recovery.coordinator --port 29500 --world-size {world_size or 'N'}"
+            f"--recovery {mode} needs --coordinator HOST:PORT: start one first with "
+            + _server(mode, world_size)
         )
     if world_size is not None and world_size < 2:
         raise ValueError(
-            f"--recovery live needs --world-size >= 2, got {world_size}: with one rank there "
+            f"--recovery {mode} needs --world-size >= 2, got {world_size}: with one rank there "
             "is nobody to go on without it"
         )
     if not one_rank and cfg.coordinator:

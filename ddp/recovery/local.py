@@ -65,11 +65,15 @@ class LocalJob:
         self.rank_cfg = cfg.replace(
             coordinator=f"127.0.0.1:{self.port}", log_dir=log_dir, emit_records=follow
         )
-        timeout = f"{max(300.0, cfg.steps * 10.0):g}"
+        self.start_server()
+
+    def start_server(self) -> None:
+        """What ``--coordinator`` points at, as the process named ``coordinator``."""
+        timeout = f"{max(300.0, self.cfg.steps * 10.0):g}"
         self._start(
             "coordinator", "-m", "ddp.recovery.coordinator", "--port", str(self.port),
-            "--world-size", str(world), "--heartbeat-timeout", f"{cfg.heartbeat_timeout_s:g}",
-            "--timeout", timeout,
+            "--world-size", str(self.world), "--heartbeat-timeout",
+            f"{self.cfg.heartbeat_timeout_s:g}", "--timeout", timeout,
         )  # fmt: skip
 
     def _start(self, name: str, *argv: str) -> subprocess.Popen:
@@ -149,7 +153,7 @@ def _report(job: LocalJob, t_kill: float | None, kill: tuple[int, int] | None) -
         else min((r.t for r in job.events if hasattr(r, "t")), default=0)
     )
     what = f"seconds after the fault on rank {kill[0]}" if t_kill else "seconds"
-    print(f"live recovery timeline ({what}):")
+    print(f"{job.cfg.recovery} recovery timeline ({what}):")
     for line in timeline(job.events, t0, job.extra):
         print(line)
     survivors = {n: p.returncode for n, p in job.procs.items() if n not in ("coordinator",)}
@@ -167,6 +171,11 @@ def _report(job: LocalJob, t_kill: float | None, kill: tuple[int, int] | None) -
     message = verdicts[-1].message if verdicts else "no rank reached the end"
     ok = codes_ok and len(digests) == 1 and len(ends) >= len(survivors) and bool(verdicts)
     ok = ok and all(v.holds for v in verdicts)
+    if job.cfg.recovery == "torchft":  # its replicas compared from their step records
+        from ddp.recovery.tft.agree import agreement
+
+        holds, said = agreement(job.events)
+        ok, message = ok and holds, f"{message}, {said}"
     same = f"{len(ends)} replicas bitwise identical at the end" if len(digests) == 1 else (
         f"replicas DIFFER at the end ({len(digests)} digests)")  # fmt: skip
     exits = ", ".join(f"rank {n} {c}" for n, c in sorted(survivors.items()))
@@ -201,7 +210,10 @@ def run_local(cfg: TrainConfig, args: argparse.Namespace) -> int:
     # A terminated launcher still stops its processes (the finally below).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # Records are followed live only to time a fault: a run without one reads them at the end.
-    job = LocalJob(cfg, args.world_size, log_dir, follow=kill is not None)
+    kind = LocalJob
+    if cfg.recovery == "torchft":
+        from ddp.recovery.tft.local import TorchftJob as kind
+    job = kind(cfg, args.world_size, log_dir, follow=kill is not None)
     try:
         for r in range(args.world_size):
             job.start_rank(r, str(r))

@@ -24,10 +24,12 @@ def parse_address(text: str) -> tuple[str, int]:
 
 def check_live(cfg: Any) -> None:
     """Raise ValueError naming the flag when ``cfg`` cannot run with ``--recovery live``."""
-    if cfg.recovery not in ("restart", "live"):
-        raise ValueError(f"--recovery must be one of restart, live, got {cfg.recovery!r}")
-    if cfg.recovery != "live":
-        raise ValueError("--coordinator is for --recovery live: add it, or drop --coordinator")
+    if cfg.recovery not in ("restart", "live", "torchft"):
+        raise ValueError(f"--recovery must be one of restart, live, torchft, got {cfg.recovery!r}")
+    if cfg.recovery == "restart":
+        raise ValueError(
+            "--coordinator is for --recovery live or torchft: add one, or drop --coordinator"
+        )
     if cfg.coordinator is not None:
         parse_address(cfg.coordinator)
     if not cfg.heartbeat_timeout_s > 0:
@@ -44,6 +46,7 @@ def check_live(cfg: Any) -> None:
     bad = [flag for flag, hit in refused if hit]
     if bad:
         raise ValueError(
-            f"--recovery live cannot run with {', '.join(bad)} (live recovery keeps state in "
-            "memory and rebuilds the group per quorum; see ddp/recovery/settings.py): drop it"
+            f"--recovery {cfg.recovery} cannot run with {', '.join(bad)} (live recovery keeps "
+            "state in memory and rebuilds the group per quorum; see ddp/recovery/settings.py): "
+            "drop it"
         )

@@ -67,7 +67,9 @@ def _line(r: Record, done: set) -> str | None:
     elif isinstance(r, QuorumRecord):
         key = ("quorum", r.quorum_id)
         text = f"quorum {r.quorum_id} formed: ranks {', '.join(map(str, r.members))} "
-        text += f"(world {r.world_size}; {r.reason}); reference on rank {r.reference_rank}"
+        text += f"(world {r.world_size}; {r.reason})"
+        if r.reference_rank is not None:
+            text += f"; reference on rank {r.reference_rank}"
     elif isinstance(r, CommitRecord) and not r.committed:
         key = ("failed", r.step, r.quorum_id)
         text = f"step {r.step} failed in quorum {r.quorum_id}: not applied, redone next"
