@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -73,6 +74,10 @@ def _refuse(parser: argparse.ArgumentParser, error: Exception) -> int:
     return 2
 
 
+def _as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit codes: 0 success, 1 failure, 2 bad arguments, 130 interrupted."""
     from ddp.torchfree import LogError
@@ -102,6 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         reach(hosts)
     except (ValueError, EngineUnreachable) as e:
         return _refuse(subparsers[args.command], e)
+    # `kill <pid>`, a CI job's timeout, `docker stop` of a wrapper: cleaned up as for Ctrl-C
+    # (Python's default SIGTERM ends at once, skipping every context manager's cleanup).
+    previous = signal.signal(signal.SIGTERM, _as_interrupt)
     try:
         # guarded: a run that raises after its cluster started still leaves its failure page
         with using(hosts):
@@ -115,3 +123,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         left = f" (if anything is left: {downs})" if downs else ""
         print(f"interrupted; cleaned up{left}", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)

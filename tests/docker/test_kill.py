@@ -123,7 +123,8 @@ def test_recover_is_bitwise_identical(lab_kill, tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_ctrl_c_leaves_nothing_behind(client, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_leaves_nothing_behind(client, tmp_path, sig):
     proc = subprocess.Popen(
         _argv(tmp_path, "--rank 2 --at-step 2 --mode pause --steps 4 --collective-timeout 120"),
         cwd=ROOT,
@@ -142,7 +143,7 @@ def test_ctrl_c_leaves_nothing_behind(client, tmp_path):
                 break
             assert time.monotonic() < deadline, "the fault was never injected"
         assert run_id is not None
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         rest, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
