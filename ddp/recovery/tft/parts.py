@@ -7,6 +7,7 @@ behaviour changes.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,15 +59,21 @@ class WatchedGloo(ProcessGroupGloo):
 
 
 class WatchedTransport(HTTPTransport):
-    """torchft's HTTP checkpoint transport; ``received`` is the newest heal's transfer."""
+    """torchft's HTTP checkpoint transport; ``received`` is the newest heal's transfer. Its
+    server does not log each request to stderr (the heal record says it)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.received: Received | None = None
+        handler = self._server.RequestHandlerClass
+        quiet = type("QuietHandler", (handler,), {"log_message": lambda *_: None})
+        self._server.RequestHandlerClass = quiet
 
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: Any) -> Any:
         t0 = time.perf_counter()
-        state = super().recv_checkpoint(src_rank, metadata, step, timeout)
+        with warnings.catch_warnings():  # torch's loader, about the bytes it reads from
+            warnings.filterwarnings("ignore", "The given buffer is not writable")
+            state = super().recv_checkpoint(src_rank, metadata, step, timeout)
         self.received = Received(src_rank, time.perf_counter() - t0, time.time())
         return state
 
