@@ -1,19 +1,23 @@
-"""``python -m ddp.recovery.bench``: what ``--recovery live`` costs per step without faults.
+"""``python -m ddp.recovery.bench``: what ``--recovery live`` (and, with ``--variants
+live,torchft``, torchft's Manager on the same job) costs per step without faults.
 
-Runs the same job with ``--recovery restart`` and ``--recovery live`` in turns (A B, B A, A B,
-... so drift on a shared host hits both alike), each a fresh ``python -m ddp`` run with its
-records in a directory of its own, and compares per round the median over steps (the first
-``--warmup`` skipped) of two figures from the ranks' step records: ``step_ms`` (forward,
-backward with the gradient allreduce, live's commit vote, the optimizer step: the slowest rank
-per step) and the period between consecutive steps' starts on rank 0 (everything a step costs,
-the check and the records included). The result is the median over rounds of live / restart.
+Runs the same job with ``--recovery restart`` and each variant in turns (the order rotates
+each round: A B C, B C A, ... so drift on a shared host hits all alike), each a fresh
+``python -m ddp`` run with its records in a directory of its own, and compares per round the
+median over steps (the first ``--warmup`` skipped) of two figures from the ranks' step
+records: ``step_ms`` (forward, backward with the gradient allreduce, live's commit vote or
+torchft's quorum and ``should_commit``, the optimizer step: the slowest rank per step) and the
+period between consecutive steps' starts on rank 0 (everything a step costs, the check and the
+records included). The result is the median over rounds of variant / restart.
 
     python -m ddp.recovery.bench --rounds 5 --steps 60 --model tower
+    python -m ddp.recovery.bench --variants live,torchft --world-size 3
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import subprocess
@@ -58,30 +62,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=64, help="global batch (default 64)")
     p.add_argument("--world-size", type=int, default=4, help="ranks (default 4)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run (default 600)")
+    p.add_argument(
+        "--variants", default="live",
+        help="compared with restart: live, torchft, or live,torchft (default live)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.rounds < 1 or args.steps <= args.warmup + 1 or args.world_size < 2:
         p.error("need --rounds >= 1, --steps > --warmup + 1 and --world-size >= 2")
+    variants = args.variants.split(",")
+    if not set(variants) <= {"live", "torchft"} or len(set(variants)) != len(variants):
+        p.error(f"--variants takes live and/or torchft, comma-separated, got {args.variants!r}")
+    if "torchft" in variants and importlib.util.find_spec("torchft") is None:
+        p.error("--variants torchft needs torchft: pip install -c constraints.txt -e '.[torchft]'")
     out = Path(tempfile.mkdtemp(prefix="ddp-live-bench-"))
-    ratios: dict[str, list[float]] = {"step_ms": [], "period_ms": []}
+    modes = ["restart", *variants]
+    ratios = {(v, k): [] for v in variants for k in ("step_ms", "period_ms")}
     for i in range(args.rounds):
-        order = ("restart", "live") if i % 2 == 0 else ("live", "restart")
+        order = modes[i % len(modes) :] + modes[: i % len(modes)]
         got = {mode: _run(mode, args, out) for mode in order}
-        for key in ratios:
-            ratios[key].append(got["live"][key] / got["restart"][key])
+        for v, k in ratios:
+            ratios[v, k].append(got[v][k] / got["restart"][k])
+        print(f"round {i + 1}: " + "; ".join(_said(m, got, ratios) for m in modes), flush=True)
+    for v in variants:
+        step, period = (statistics.median(ratios[v, k]) for k in ("step_ms", "period_ms"))
         print(
-            f"round {i + 1}: restart {got['restart']['step_ms']:.2f} ms/step "
-            f"({got['restart']['period_ms']:.2f} ms period), live {got['live']['step_ms']:.2f} "
-            f"({got['live']['period_ms']:.2f}): live/restart {ratios['step_ms'][-1]:.3f} "
-            f"({ratios['period_ms'][-1]:.3f})",
-            flush=True,
+            f"{v} / restart, median of {args.rounds} interleaved rounds ({args.world_size} "
+            f"ranks, {args.model}, batch {args.batch_size}): step time {step:.3f}, step period "
+            f"{period:.3f} (records in {out})"
         )
-    step, period = (statistics.median(ratios[k]) for k in ("step_ms", "period_ms"))
-    print(
-        f"live / restart, median of {args.rounds} interleaved rounds ({args.world_size} ranks, "
-        f"{args.model}, batch {args.batch_size}): step time {step:.3f}, step period {period:.3f}"
-        f" (records in {out})"
-    )
     return 0
+
+
+def _said(mode: str, got: dict, ratios: dict) -> str:
+    text = f"{mode} {got[mode]['step_ms']:.2f} ms/step ({got[mode]['period_ms']:.2f} ms period)"
+    if mode != "restart":
+        text += f" = {ratios[mode, 'step_ms'][-1]:.3f}x ({ratios[mode, 'period_ms'][-1]:.3f}x)"
+    return text
 
 
 if __name__ == "__main__":
