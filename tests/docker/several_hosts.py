@@ -1,0 +1,56 @@
+"""What the several-hosts tests share: the three engines (this machine's and two more from
+``more-hosts.sh up 2``, each in its own network namespace), their endpoints, and ``python -m
+lab ... --hosts`` run to its end with nothing of it left on any engine. The ``engines``
+fixture lives in conftest.py, so that every module across hosts shares one start of them."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from lab.engine.specs import LABEL
+from tests.helpers import leftovers
+
+__all__ = ["HOSTS", "LOCAL", "MORE_HOSTS", "ROOT", "lab", "route", "run_across", "swarm_states"]
+
+ROOT = Path(__file__).resolve().parents[2]
+MORE_HOSTS = Path(os.environ.get("LAB_MORE_HOSTS", ROOT.parent / "shared/tools/more-hosts.sh"))
+LOCAL = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+# host0 is this machine's engine: the others reach it at the root end of host1's veth.
+HOSTS = f"{LOCAL}=10.77.1.1,unix:///var/run/docker-host1.sock,unix:///var/run/docker-host2.sock"
+
+
+def route(via):
+    """host0 reaches host2's namespace from 10.77.2.1, but advertises 10.77.1.1 to the swarm:
+    host2's VXLAN drops packets from a source other than the address its static entries name
+    (the kernel's vxlan_snoop), so host0 must send to host2 from 10.77.1.1. Real machines
+    with one address each have no such asymmetry; more-hosts.sh's topology does."""
+    subprocess.run(["ip", "route", "replace", "10.77.2.0/24", "dev", "vh2", "proto", "kernel",
+                    "scope", "link", "src", via], check=True, timeout=30)  # fmt: skip
+
+
+def swarm_states(clients):
+    return [c.info()["Swarm"]["LocalNodeState"] for c in clients]
+
+
+def lab(*args, timeout=900):
+    return subprocess.run(
+        [sys.executable, "-m", "lab", *args], cwd=ROOT, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+
+
+def run_across(engines, *args, timeout=900):
+    """``python -m lab ARGS --hosts HOSTS``: the process, and its run's directory; asserts the
+    run left nothing on any engine and the swarm state as found."""
+    found = swarm_states(engines)
+    proc = lab(*args, "--hosts", HOSTS, "--no-progress", timeout=timeout)
+    m = re.search(r"^run (\S+):", proc.stdout, re.M)
+    assert m, proc.stdout + proc.stderr
+    for engine in engines:
+        assert leftovers(engine, f"{LABEL}={m.group(1)}") == []
+    assert swarm_states(engines) == found
+    return proc, m.group(1)
