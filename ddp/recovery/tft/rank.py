@@ -101,6 +101,7 @@ def _step(cfg: TrainConfig, r: Replica, model: DistributedDataParallel) -> None:
         r.jlog.write(
             FaultRecord(r.replica, r.quorum_id, step, r.noticed_t or time.time(), "self", why)
         )
+        r.noticed = True
     committed = manager.should_commit()
     if committed:
         r.opt.step()

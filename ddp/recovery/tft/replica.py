@@ -14,7 +14,7 @@ from torch import nn
 from ddp.program.config import TrainConfig
 from ddp.program.records import RecordLog
 from ddp.recovery.batches import GlobalBatches
-from ddp.recovery.records import HealRecord, QuorumRecord
+from ddp.recovery.records import FaultRecord, HealRecord, QuorumRecord
 from ddp.recovery.tft.parts import state_bytes
 
 __all__ = ["Replica"]
@@ -37,6 +37,7 @@ class Replica:
     store: Any = None
     registered_t: float = 0.0  # when the manager joined the lighthouse
     noticed_t: float | None = None  # when this step's allreduce first failed
+    noticed: bool = False  # a fault record was written in the current quorum
     quorum_id: int = -1
     members: list[int] | None = None
     history: list[dict] = field(default_factory=list)
@@ -82,6 +83,13 @@ class Replica:
         else:
             parts = [f"lost rank {x}" for x in lost] + [f"rank {x} joined" for x in joined]
             reason = "; ".join(parts) or "same members"
+        if lost and not self.noticed:
+            # No collective of this replica failed: the loss showed only as a quorum without
+            # the lost replica (it never asked for one; the lighthouse waited --join_timeout_ms).
+            why = f"quorum {c.quorum_id} formed without rank {', '.join(map(str, lost))}"
+            step = self.manager.current_step() + 1
+            self.jlog.write(FaultRecord(self.replica, self.quorum_id, step, c.t, "lighthouse", why))
+        self.noticed = False
         self.quorum_id, self.members = c.quorum_id, list(c.members)
         self.quorums += 1
         self.jlog.write(
