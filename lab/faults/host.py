@@ -27,6 +27,7 @@ class HostDown(Fault):
     def __init__(self) -> None:
         super().__init__()
         self.hit: list[int] = []  # the nodes on the host
+        self.what = ""  # the detail without the ranks (under torchrun its rendezvous placed them)
 
     def prepare(self, cluster, node: int) -> None:  # type: ignore[no-untyped-def]
         super().prepare(cluster, node)
@@ -58,7 +59,8 @@ class HostDown(Fault):
         if errors:
             raise errors[0]
         ranks = [r for i in self.hit for r in nodes[i].ranks]
-        self.detail = (
+        self.what = (
             f"{nodes[self.node].host} down: docker kill of "
-            f"{', '.join(f'node{i}' for i in self.hit)} at once (ranks {ranks})"
+            f"{', '.join(f'node{i}' for i in self.hit)} at once"
         )
+        self.detail = f"{self.what} (ranks {ranks})"

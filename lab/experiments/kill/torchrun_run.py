@@ -101,7 +101,7 @@ def _host_down(
     fault.inject()
     end = time.time()
     ranks = sorted(r for r, (node, _) in follower.setup.items() if node in plan.lost)
-    what = f"{fault.detail.split(' (ranks')[0]} (ranks {ranks}, where torchrun put them)"
+    what = f"{fault.what} (ranks {ranks}, where torchrun put them)"
     return WorkerKill(plan.rank, plan.lost[0], 0, said, trigger.t, start, end, 0, "", what)
 
 
