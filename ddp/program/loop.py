@@ -82,15 +82,16 @@ def _setup(
     module = build_model(cfg.model, cfg.seed)
     opt = sgd(module, cfg)
     ref = Reference(cfg, world, len(x)) if rank == 0 and cfg.reference else None
-    resumed = agreed_start(cfg, rank, recorder)
-    bucket_order = None if resumed is None else restore(cfg, resumed, module, opt, ref)
+    start = agreed_start(cfg, rank, recorder)
+    bucket_order = None if start is None else restore(cfg, start, module, opt, ref, recorder)
     if cfg.backward_delay_ms:
         simulate_backward_compute(module, cfg.backward_delay_ms)
     model = wrap(cfg, module, recorder, bucket_order)
     ddp = model if isinstance(model, DistributedDataParallel) else None
     run = _Run(
-        cfg, rank, world, jlog, recorder, x, y, sampler, module, model, ddp, opt, ref, resumed or 0
-    )
+        cfg, rank, world, jlog, recorder, x, y, sampler, module, model, ddp, opt, ref,
+        0 if start is None else start.step,
+    )  # fmt: skip
     shapes = ddp.reducer.bucket_shapes if ddp else None
     buckets = bucket_count(cfg, model)
     jlog.write(ConfigRecord(rank, world, buckets, run.start, cfg.to_dict(), os.getpid(), shapes))
