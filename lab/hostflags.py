@@ -40,22 +40,12 @@ def host_set(args: argparse.Namespace) -> HostSet:
 
 
 def check_nodes(hosts: HostSet, plan: object) -> None:
-    """A ``--placement`` must give every node of the plan's layout one host; across hosts,
-    nothing may resume from a checkpoint: every rank loads rank 0's from a directory all
-    ranks share, and hosts share no volume."""
+    """A ``--placement`` must give every node of the plan's layout one host. Resuming across
+    hosts needs nothing shared: the ranks agree on the newest checkpoint any of them sees and
+    its holder broadcasts it (``ddp.program.resume``)."""
     layout = getattr(plan, "layout", None)
     if layout is not None:
         hosts.layout(layout.nodes)
-    if not hosts.several:
-        return
-    train = getattr(plan, "train", None)
-    every = getattr(train, "checkpoint_every", 0)
-    if getattr(plan, "recover", False) or (getattr(plan, "max_restarts", 0) and every):
-        raise ValueError(
-            "resuming from checkpoints across hosts needs a directory every rank shares (each "
-            "loads rank 0's) and hosts share no volume: run this on one engine, or with "
-            "--checkpoint-every 0 (a restart then starts fresh)"
-        )
 
 
 def reach(hosts: HostSet, timeout_s: float = 20.0) -> None:

@@ -134,7 +134,11 @@ def test_a_missing_or_stale_image_names_the_host_and_the_fix():
     assert require_same_image(members, "img") == good
 
 
-def test_resuming_from_checkpoints_across_hosts_is_refused(capsys):
+def test_resuming_from_checkpoints_across_hosts_is_no_longer_refused(capsys):
+    """ddp agrees over the process group on the newest checkpoint any rank sees and its holder
+    broadcasts it, so --recover across hosts gets past the checks to the engines (here: none
+    answers at these sockets, the one-line refusal that follows)."""
     kill = "kill --rank 1 --at-step 5 --mode kill --recover --checkpoint-every 2 --nodes 2"
     assert main([*kill.split(), "--hosts", f"{H0},{H1}"]) == 2
-    assert "hosts share no volume" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "share no volume" not in err and "docker-host0.sock" in err, err

@@ -186,8 +186,7 @@ def _resumed_check(
         ok = starts == [0]
         return Check(
             ok,
-            "the new world started fresh (step 0): hosts share no volume, so no checkpoint "
-            "is one every new rank sees"
+            "the new world started fresh (step 0), as asked (--checkpoint-every 0)"
             if ok
             else f"the new world did not start at step 0 together: steps {starts}",
         )

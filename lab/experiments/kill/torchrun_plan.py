@@ -14,8 +14,8 @@ the same containers, each with its own directory (logs, checkpoints) on the shar
 ``--mode host`` (across ``--hosts``) takes a whole host away instead, every container on it
 killed at once (:class:`lab.faults.host.HostDown`), when rank 0 reports step ``at_step - 1``.
 The agents run ``--nnodes MIN:MAX`` with MIN the nodes left, so the survivors re-rendezvous as
-a smaller world; hosts share no volume, so no checkpoint is one every new rank sees, and the
-new world starts fresh (``--checkpoint-every 0``).
+a smaller world, which starts fresh (``--checkpoint-every 0``): rank 0 alone writes
+checkpoints, so they may have gone with the host, and they hold another world's run.
 
 Only what torchrun can recover is offered: ``--mode kill`` and ``host`` (a paused worker is no
 failure to the agent, and a worker shares its container's network, so one cannot be cut off
@@ -118,7 +118,7 @@ class TorchrunKillPlan:
         if self.at_step < 2 or self.train.checkpoint_every:
             raise ValueError(
                 "--launcher torchrun --mode host: the survivors start a new world from step 0 "
-                "(hosts share no volume, so no checkpoint is one every new rank sees) after "
+                "(rank 0's checkpoints may go with the host, and were of another world) after "
                 "rank 0 reports step --at-step - 1: pass --checkpoint-every 0 and --at-step 2 "
                 f"or later (got {self.train.checkpoint_every} and {self.at_step})"
             )
