@@ -90,9 +90,9 @@ def render() -> str:
 # raise it for fewer hosts), logs in each worker's container, exit codes reported to the
 # rdzv store over TCP. Elastic: with NNODES_MIN=2 MAX_RESTARTS=1 the workers that are left
 # when a host goes away re-rendezvous as a smaller world and start again from step 0 (the
-# store closes a minute after NNODES_MIN of them reported). A restart resumes from
-# checkpoints only where every worker sees rank 0's (CHECKPOINT_EVERY needs a filesystem all
-# hosts share, e.g. NFS; leave it 0 across hosts).
+# store closes a minute after NNODES_MIN of them reported). With CHECKPOINT_EVERY a restart
+# resumes from the newest checkpoint any worker still has (rank 0 writes them in its own
+# container; the ranks agree and its holder broadcasts it); none if they went with a host.
 # Variables: those of compose.yaml's training settings, and
 {settings()}
 #   NNODES_MIN           NNODES torchrun --nnodes NNODES_MIN:NNODES: the workers enough to go on
