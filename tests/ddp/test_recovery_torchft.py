@@ -19,6 +19,8 @@ from ddp.__main__ import main
 from ddp.program.records import EndRecord, StepRecord, load_attempts
 from ddp.recovery.records import CommitRecord, HealRecord, QuorumRecord, RecoveryVerdictRecord
 from ddp.recovery.tft import MISSING
+from ddp.recovery.tft.agree import agreement
+from ddp.recovery.tft.verdict import judge_history
 
 needs_torchft = pytest.mark.skipif(
     importlib.util.find_spec("torchft") is None, reason="torchft not installed ([torchft] extra)"
@@ -121,3 +123,27 @@ def test_a_torchft_replacement_heals_from_a_peer(tmp_path):
     assert len(heals) == 1 and heals[0].from_rank in (0, 2) and heals[0].nbytes > 0, heals
     worlds = [q.world_size for q in records[0] if isinstance(q, QuorumRecord)]
     assert worlds == [3, 2, 3], worlds
+
+
+def _step(rank: int, step: int, checksum: float) -> StepRecord:
+    return StepRecord(rank, step, 0.0, checksum, 1.0, 0.5)
+
+
+def test_agreement_is_judged_per_step_from_every_replica():
+    same = [_step(r, s, 10.0 + s) for r in (0, 1) for s in (1, 2)] + [_step(0, 3, 13.0)]
+    holds, said = agreement(same)
+    assert holds and "3 steps compared; 1 reported by one replica only" in said
+    holds, said = agreement([*same, _step(1, 2, 99.0)])
+    assert not holds and "DIFFER after steps [2]" in said
+    assert agreement([]) == (
+        False,
+        "replicas identical after every committed step (0 steps compared)",
+    )
+
+
+def test_judge_history_wants_every_step_once():
+    h = [{"step": s, "quorum": 1, "world": 3} for s in (1, 2, 3)]
+    assert judge_history(h, 3, 1, 2).holds
+    assert "steps never committed: [3]" in judge_history(h[:2], 3, 0, 1).message
+    twice = judge_history([*h, h[1]], 3, 0, 1)
+    assert not twice.holds and "steps committed twice: [2]" in twice.message
