@@ -59,15 +59,20 @@ class WatchedGloo(ProcessGroupGloo):
 
 
 class WatchedTransport(HTTPTransport):
-    """torchft's HTTP checkpoint transport; ``received`` is the newest heal's transfer. Its
-    server does not log each request to stderr (the heal record says it)."""
+    """torchft's HTTP checkpoint transport; ``received`` is the newest heal's transfer. It
+    advertises ``host`` (torchft's: this machine's hostname), and its server does not log
+    each request to stderr (the heal record says it)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, host: str, *args: Any, **kwargs: Any) -> None:
+        self.host = host
         super().__init__(*args, **kwargs)
         self.received: Received | None = None
         handler = self._server.RequestHandlerClass
         quiet = type("QuietHandler", (handler,), {"log_message": lambda *_: None})
         self._server.RequestHandlerClass = quiet
+
+    def address(self) -> str:
+        return f"http://{self.host}:{self._server.socket.getsockname()[1]}/checkpoint/"
 
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: Any) -> Any:
         t0 = time.perf_counter()

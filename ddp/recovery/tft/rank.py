@@ -47,11 +47,13 @@ def _local_group() -> dist.ProcessGroup:
 
 
 def _manager(cfg: TrainConfig, replica: int, world: int, r: Replica) -> Manager:
-    host = socket.gethostname()  # what torchft's checkpoint server advertises too
+    # Advertised to the peers (store, manager server, checkpoint server): an address, since a
+    # container's hostname need not resolve in the others (the lab's nodes).
+    host = socket.gethostbyname(socket.gethostname())
     store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
     r.store = store  # the replica group's store: kept alive as long as the manager
     timeout = timedelta(seconds=cfg.collective_timeout_s)
-    r.transport = WatchedTransport(timeout=timeout, num_chunks=0)
+    r.transport = WatchedTransport(host, timeout=timeout, num_chunks=0)
     r.pg = WatchedGloo(timeout=timeout)
     return Manager(
         pg=r.pg, load_state_dict=r.load_state_dict, state_dict=r.state_dict,
