@@ -169,3 +169,18 @@ def test_compress_quick_across_three_hosts(engines, tmp_path):
     # each node's bytes measured on its own engine: all three sent a job's worth
     assert all(len(job["tx_bytes"]) == 3 and min(job["tx_bytes"].values()) > 1e6
                for job in report["runs"])  # fmt: skip
+
+
+@pytest.mark.timeout(900)
+def test_a_torchrun_restart_resumes_from_a_checkpoint_one_host_has(engines, tmp_path):
+    """Rank 0 writes the checkpoints on its own host's volume only; after the restart the
+    ranks on the other hosts get the newest by broadcast, and all end bitwise where an
+    uninterrupted run does."""
+    proc, _ = run_across(
+        engines, "kill", "--launcher", "torchrun", "--mode", "kill", "--rank", "0",
+        "--at-step", "5", "--nodes", "3", "--batch-size", "48", "--runs-dir", str(tmp_path),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    assert "the restarted workers resumed after step 4" in proc.stdout, proc.stdout[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("recovered: final parameters of all 3 ranks bitwise identical"), last
