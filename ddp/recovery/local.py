@@ -168,7 +168,10 @@ def _report(job: LocalJob, t_kill: float | None, kill: tuple[int, int] | None) -
     if t_kill is not None:
         f = figures(job.events, t_kill, job.world)
         print(_figures_line(f, kill, job.world))
-    message = verdicts[-1].message if verdicts else "no rank reached the end"
+    # The verdict of a rank that lived through every quorum: a replacement's says only what
+    # it saw after it joined (0 failed attempts, 1 quorum).
+    whole = max(verdicts, key=lambda v: (v.quorums, v.failed_attempts), default=None)
+    message = whole.message if whole else "no rank reached the end"
     ok = codes_ok and len(digests) == 1 and len(ends) >= len(survivors) and bool(verdicts)
     ok = ok and all(v.holds for v in verdicts)
     if job.cfg.recovery == "torchft":  # its replicas compared from their step records
