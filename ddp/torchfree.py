@@ -46,6 +46,7 @@ from ddp.recovery.records import (
     QuorumRecord,
     RecoveryVerdictRecord,
 )
+from ddp.recovery.tft.agree import agreement as torchft_agreement
 from ddp.recovery.timeline import figures as recovery_figures
 from ddp.recovery.timeline import timeline as recovery_timeline
 from ddp.report import (
@@ -117,6 +118,7 @@ __all__ = [
     "steps_table",
     "strip_source",
     "tensorboard_available",
+    "torchft_agreement",
     "write_page",
     "write_scalars",
 ]

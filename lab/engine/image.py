@@ -20,6 +20,7 @@ import docker.errors
 from lab.engine.client import LabError
 
 __all__ = [
+    "EXTRAS_LABEL",
     "REPO_ROOT",
     "TORCH_CPU_INDEX",
     "BasePlatform",
@@ -33,6 +34,9 @@ __all__ = [
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# The image label naming the optional extras installed at build time ("torchft"), so a run
+# that needs one can refuse an image without it before starting any container.
+EXTRAS_LABEL = "lab.extras"
 _PROBE = (
     "import json, platform, sys; "
     "print(json.dumps({'python': '%d.%d' % sys.version_info[:2], "
@@ -86,8 +90,9 @@ def platform_tags(base: BasePlatform) -> list[str]:
     return tags
 
 
-def requirements(root: Path = REPO_ROOT) -> list[str]:
-    """The project's dependencies plus its build backend (the image builds the project)."""
+def requirements(root: Path = REPO_ROOT, extras: tuple[str, ...] = ()) -> list[str]:
+    """The project's dependencies, those of ``extras`` (``[project.optional-dependencies]``),
+    plus its build backend (the image builds the project)."""
     try:
         import tomllib
     except ImportError:  # Python 3.10
@@ -95,7 +100,15 @@ def requirements(root: Path = REPO_ROOT) -> list[str]:
             "--offline reads pyproject.toml with tomllib: run it with Python 3.11+"
         ) from None
     data = tomllib.loads((root / "pyproject.toml").read_text())
-    return [*data["project"]["dependencies"], *data["build-system"]["requires"], "wheel"]
+    optional = data["project"].get("optional-dependencies", {})
+    unknown = [e for e in extras if e not in optional]
+    if unknown:
+        raise LabError(
+            f"unknown extra {unknown[0]!r}: pyproject.toml offers {', '.join(sorted(optional))}"
+        )
+    extra_reqs = [req for e in extras for req in optional[e]]
+    return [*data["project"]["dependencies"], *extra_reqs, *data["build-system"]["requires"],
+            "wheel"]  # fmt: skip
 
 
 def pip_download_command(
@@ -122,11 +135,16 @@ def pip_download_command(
 
 
 def download_wheels(
-    base: BasePlatform, wheelhouse: Path, root: Path = REPO_ROOT, timeout_s: float = 1800.0
+    base: BasePlatform,
+    wheelhouse: Path,
+    root: Path = REPO_ROOT,
+    timeout_s: float = 1800.0,
+    extras: tuple[str, ...] = (),
 ) -> list[Path]:
     """``pip download`` on the host; files already in the wheelhouse are reused."""
     wheelhouse.mkdir(parents=True, exist_ok=True)
-    cmd = pip_download_command(base, wheelhouse, requirements(root), root / "constraints.txt")
+    reqs = requirements(root, extras)
+    cmd = pip_download_command(base, wheelhouse, reqs, root / "constraints.txt")
     try:
         subprocess.run(cmd, check=True, timeout=timeout_s)
     except subprocess.CalledProcessError as e:
@@ -155,11 +173,14 @@ def build_image(
     torch_index_url: str = TORCH_CPU_INDEX,
     root: Path = REPO_ROOT,
     echo: Callable[[str], None] = print,
+    extras: tuple[str, ...] = (),
 ) -> None:
-    """Build ``docker/Dockerfile``; with ``wheelhouse`` (inside ``root``) there is no network."""
+    """Build ``docker/Dockerfile``; with ``wheelhouse`` (inside ``root``) there is no network.
+    ``extras`` are installed with the project and named in the image's ``lab.extras`` label."""
     if not (root / "docker" / "Dockerfile").is_file():
         raise LabError(f"no docker/Dockerfile under {root}; run lab image from a source checkout")
-    args = {"BASE_IMAGE": base_image, "TORCH_INDEX_URL": torch_index_url}
+    args = {"BASE_IMAGE": base_image, "TORCH_INDEX_URL": torch_index_url,
+            "EXTRAS": ",".join(extras)}  # fmt: skip
     if wheelhouse is not None:
         args["WHEELHOUSE"] = wheelhouse.resolve().relative_to(root).as_posix()
     stream = client.api.build(
@@ -167,6 +188,7 @@ def build_image(
         dockerfile="docker/Dockerfile",
         tag=tag,
         buildargs=args,
+        labels={EXTRAS_LABEL: ",".join(extras)},
         rm=True,
         forcerm=True,
         decode=True,

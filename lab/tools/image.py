@@ -33,6 +33,7 @@ class ImagePlan:
     torch_index_url: str
     wheelhouse: Path
     build: bool = True
+    extras: tuple[str, ...] = ()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,6 +60,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="offline builds: wheel directory inside the repo (default %(default)s)",
     )
     p.add_argument(
+        "--extras",
+        default="",
+        metavar="LIST",
+        help="optional extras of pyproject.toml to install too, comma-separated (torchft: "
+        "lab kill --recovery torchft); pinned by constraints.txt, named in the image's "
+        "lab.extras label (default: none)",
+    )
+    p.add_argument(
         "--hosts",
         metavar="LIST|FILE",
         help="Docker engines to put the image on, as every experiment's --hosts: built on the "
@@ -73,9 +82,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def plan(args: argparse.Namespace) -> ImagePlan:
-    return ImagePlan(
-        args.offline, args.base_image, args.tag, args.torch_index_url, args.wheelhouse, args.build
-    )
+    extras = tuple(e.strip() for e in args.extras.split(",") if e.strip())
+    return ImagePlan(args.offline, args.base_image, args.tag, args.torch_index_url,
+                     args.wheelhouse, args.build, extras)  # fmt: skip
 
 
 def run(plan: ImagePlan) -> str:
@@ -105,10 +114,11 @@ def _build(plan: ImagePlan, client: docker.DockerClient) -> None:
             f"base image {plan.base_image}: Python {base.python}, {base.machine}, "
             f"glibc {base.glibc[0]}.{base.glibc[1]}; downloading wheels into {plan.wheelhouse}/"
         )
-        wheels = download_wheels(base, plan.wheelhouse)
+        wheels = download_wheels(base, plan.wheelhouse, extras=plan.extras)
         print(f"{len(wheels)} wheels in {plan.wheelhouse}/; building with no network")
         wheelhouse = plan.wheelhouse
-    build_image(client, plan.tag, plan.base_image, wheelhouse, plan.torch_index_url)
+    build_image(client, plan.tag, plan.base_image, wheelhouse, plan.torch_index_url,
+                extras=plan.extras)  # fmt: skip
 
 
 def report(line: str) -> int:

@@ -9,7 +9,7 @@ from ddp.torchfree import TrainConfig, add_train_arguments, config_from_args, fl
 from lab import args as common
 from lab.engine.engines import current
 from lab.experiments.kill import live, torchrun_run
-from lab.experiments.kill.live import LivePlan, LiveResult
+from lab.experiments.kill.live import LivePlan, LiveResult, options
 from lab.experiments.kill.live.plan import LIVE_TRAIN
 from lab.experiments.kill.outputs import write_summary
 from lab.experiments.kill.plan import DEFAULT_TRAIN, RUN_TIMEOUT_HELP, KillPlan
@@ -101,7 +101,7 @@ def _renamed(text: str) -> None:
 def _add_live_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("live recovery (--recovery live: no restart, no checkpoint)")
     g.add_argument(
-        "--recovery", choices=("restart", "live"), default="restart",
+        "--recovery", choices=("restart", "live", "torchft"), default="restart",
         help="restart: the survivors exit with a diagnosis (with --recover every rank restarts "
         "from a checkpoint); live: they go on in a new quorum within seconds, and the run is "
         "compared with the restart path on the same job (default restart)",
@@ -117,6 +117,12 @@ def _add_live_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="--recovery live: skip the restart path's run on the same job",
     )
+    g.add_argument(
+        "--compare", metavar="LIST", default=None,
+        help="--recovery live|torchft: the other paths to run on the same job, comma-separated: "
+        "restart, torchft (default restart; torchft needs an image built with "
+        "`python -m lab image --extras torchft`)",
+    )  # fmt: skip
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -187,15 +193,19 @@ def _live_plan(args: argparse.Namespace) -> LivePlan:
     # what was given (differs from the restart path's defaults) replaces the live defaults
     names = [*_TRAIN_FIELDS, "collective_timeout_s"]
     given = {f: getattr(args, f) for f in names if getattr(args, f) != getattr(DEFAULT_TRAIN, f)}
-    train = LIVE_TRAIN.replace(**given)
+    train = LIVE_TRAIN.replace(**given, recovery=args.recovery)
     if args.heartbeat_timeout is not None:
         train = train.replace(heartbeat_timeout_s=args.heartbeat_timeout)
-    return LivePlan(
+    restart, torchft = options.compared(args)
+    live = LivePlan(
         rank=host_rank(args.host, args.mode, args.nodes) if args.rank is None else args.rank,
         at_step=args.at_step, mode=args.mode, train=train, nodes=args.nodes, rejoin=args.rejoin,
-        compare=not args.no_compare, run_timeout_s=args.run_timeout, image=args.image,
-        runs_dir=args.runs_dir, progress=args.progress,
+        compare=restart, run_timeout_s=args.run_timeout, image=args.image,
+        runs_dir=args.runs_dir, progress=args.progress, recovery=args.recovery, torchft=torchft,
     )  # fmt: skip
+    if args.recovery == "torchft" or torchft:
+        options.require_torchft(args.image)
+    return live
 
 
 def _lost_nodes(args: argparse.Namespace) -> tuple[int, ...]:
@@ -209,9 +219,10 @@ def _lost_nodes(args: argparse.Namespace) -> tuple[int, ...]:
 
 
 def plan(args: argparse.Namespace) -> KillPlan | TorchrunKillPlan | LivePlan:
-    if args.recovery == "live":
+    if args.recovery in ("live", "torchft"):
         return _live_plan(args)
-    live_only = [f for f in ("rejoin", "heartbeat_timeout", "no_compare") if getattr(args, f)]
+    live_only = [f for f in ("rejoin", "heartbeat_timeout", "no_compare", "compare")
+                 if getattr(args, f)]  # fmt: skip
     if live_only:
         flag = "--" + live_only[0].replace("_", "-")
         raise ValueError(f"{flag} goes with --recovery live: add it, or drop {flag}")

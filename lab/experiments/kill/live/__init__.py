@@ -30,9 +30,14 @@ def report(result: LiveResult) -> int:
     summary. Exit 0 only if the verdict holds (:func:`.analysis.judge`)."""
     live, figs = live_row(result)
     restart = restart_row(result.restart)
+    torchft = live_row(result.torchft)[0] if result.torchft is not None else None
     verdict = judge(result)
-    text = lines(result, live, restart, figs, verdict)
-    rows = [r for r in (restart, live) if r is not None]
+    if result.torchft is not None and not judge(result.torchft).ok:
+        # its row is still shown; ours is judged on its own
+        verdict.lines.append("torchft's run on the same job FAILED: " +
+                             "; ".join(judge(result.torchft).lines))  # fmt: skip
+    text = lines(result, live, restart, figs, verdict, torchft)
+    rows = [r for r in (restart, torchft, live) if r is not None]
     doc = {
         "run_id": result.run_id,
         "plan": {k: str(v) for k, v in dataclasses.asdict(result.plan).items()},
@@ -41,6 +46,7 @@ def report(result: LiveResult) -> int:
         "paths": [dataclasses.asdict(r) for r in rows],
         "exit_codes": result.codes,
         "restart_run": result.restart.run_id if result.restart else None,
+        "torchft_run": result.torchft.run_id if result.torchft else None,
         "ok": verdict.ok,
         "verdict": verdict.lines,
         "headline": text[-1],
@@ -49,7 +55,7 @@ def report(result: LiveResult) -> int:
     command = command_line("kill")
     figure = "-" if live.fault_to_commit_s is None else f"{live.fault_to_commit_s:.2f} s to commit"
     page = Page(
-        f"lab kill --recovery live: run {result.run_id}",
+        f"lab kill --recovery {result.plan.recovery}: run {result.run_id}",
         Headline(command, text[-1], figure, verdict.ok),
         [Section("Timeline and verdict", [Text(text[:-1])]),
          Section("Recovery paths on the same job", [Text(table(rows))])],

@@ -15,6 +15,7 @@ from ddp.torchfree import (
     Record,
     RecoveryVerdictRecord,
     recovery_figures,
+    torchft_agreement,
 )
 from lab.experiments.kill.live.result import LiveResult
 from lab.experiments.kill.result import KillResult
@@ -51,10 +52,12 @@ def live_records(result: LiveResult) -> list[Record]:
 
 
 def live_row(result: LiveResult) -> tuple[PathRow, dict]:
-    """Ours, and the figures of :func:`ddp.recovery.timeline.figures` it came from."""
+    """Ours (or torchft's, for a ``--recovery torchft`` run), and the figures of
+    :func:`ddp.recovery.timeline.figures` it came from."""
+    name = "torchft" if result.plan.recovery == "torchft" else "ours (live)"
     fault = result.moment("fault")
     if fault is None:
-        return PathRow("ours (live)", None, None, None, None), {}
+        return PathRow(name, None, None, None, None), {}
     records = live_records(result)
     # The heal figures are the replacement's: a survivor left out of a quorum (it noticed the
     # fault after the check-in window) heals too, and may come first.
@@ -62,7 +65,7 @@ def live_row(result: LiveResult) -> tuple[PathRow, dict]:
     mine = [r for r in records if not isinstance(r, HealRecord) or r.rank == lost]
     figs = recovery_figures(mine, fault.t, result.plan.nodes)
     failed = {r.step for r in records if isinstance(r, CommitRecord) and not r.committed}
-    row = PathRow("ours (live)", figs.get("first_commit_s"), figs.get("heal_s"), len(failed),
+    row = PathRow(name, figs.get("first_commit_s"), figs.get("heal_s"), len(failed),
                   figs.get("step_ms"))  # fmt: skip
     return row, figs
 
@@ -106,6 +109,11 @@ def judge(result: LiveResult) -> Verdict:
         if not v.holds or v.committed_steps != v.expected_steps:
             ok = False
             lines.append(f"rank {v.rank}: {v.message}")
+    if result.plan.recovery == "torchft":  # torchft compares no replicas: their checksums do
+        agreed, said = torchft_agreement(records)
+        if not agreed:
+            ok = False
+            lines.append(said)
     if result.plan.rejoin and figs.get("heal_from") is None:
         ok = False
         lines.append("the replacement did not heal from a peer")

@@ -10,6 +10,7 @@ measured against, run by the same command on the same containers' image.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE
 from lab.experiments.kill.plan import KillPlan, checkpoint_dir, default_run_timeout
 
-__all__ = ["COORDINATOR_PORT", "LIVE_MODES", "LIVE_TRAIN", "LivePlan"]
+__all__ = ["COORDINATOR_PORT", "LIVE_MODES", "LIVE_TRAIN", "RECOVERIES", "LivePlan"]
 
 COORDINATOR_PORT = 29500
 LIVE_MODES = ("kill", "pause", "partition")
@@ -30,6 +31,8 @@ LIVE_TRAIN = TrainConfig(
     recovery="live", heartbeat_timeout_s=2.0,
 )  # fmt: skip
 _SLACK_S = 120.0
+# ours, or the same job under torchft (its lighthouse where our coordinator runs)
+RECOVERIES = ("live", "torchft")
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,8 @@ class LivePlan:
     nodes: int = 4
     rejoin: bool = False
     compare: bool = True  # also run the restart path on the same job
+    recovery: str = "live"  # "torchft": torchft's Manager and lighthouse drive the same job
+    torchft: bool = False  # (live) also run the same job under torchft, for its row
     restart_checkpoint_every: int = 2
     run_timeout_s: float | None = None
     image: str = DEFAULT_IMAGE
@@ -66,8 +71,13 @@ class LivePlan:
                 f"--at-step must be in 2..{self.train.steps - 1} (a step before the fault to "
                 f"measure, one after it to commit), got {self.at_step}"
             )
-        if self.train.recovery != "live":
-            raise ValueError("the training config must have recovery='live'")
+        if self.recovery not in RECOVERIES:
+            raise ValueError(f"recovery must be one of {', '.join(RECOVERIES)}, got "
+                             f"{self.recovery!r}")  # fmt: skip
+        if self.train.recovery != self.recovery:
+            raise ValueError(f"the training config must have recovery={self.recovery!r}")
+        if self.torchft and self.recovery == "torchft":
+            raise ValueError("a torchft run compares with torchft itself: drop torchft=True")
         if self.compare and not 1 <= self.restart_checkpoint_every < self.at_step:
             raise ValueError(
                 f"the restart path checkpoints every {self.restart_checkpoint_every} steps: "
@@ -104,13 +114,26 @@ class LivePlan:
         return self.train.replace(coordinator=coordinator)
 
     def coordinator_argv(self) -> list[str]:
+        """Our coordinator, or torchft's lighthouse: a quorum needs more than half the ranks
+        (half rounded up), so a split is refused as ours refuses it."""
         assert self.run_timeout_s is not None
+        if self.recovery == "torchft":
+            return [
+                "python", "-m", "ddp.recovery.tft.lighthouse", "--port", str(COORDINATOR_PORT),
+                "--min-replicas", str(math.ceil(self.nodes / 2)),
+            ]  # fmt: skip
         return [
             "python", "-m", "ddp.recovery.coordinator", "--port", str(COORDINATOR_PORT),
             "--world-size", str(self.nodes),
             "--heartbeat-timeout", f"{self.train.heartbeat_timeout_s:g}",
             "--timeout", f"{self.lifetime_s:g}",
         ]  # fmt: skip
+
+    def torchft_plan(self) -> LivePlan:
+        """The same job, fault and replacement under torchft (no comparison runs of its own)."""
+        train = self.train.replace(recovery="torchft")
+        return dataclasses.replace(self, train=train, recovery="torchft", compare=False,
+                                   torchft=False)  # fmt: skip
 
     def restart_plan(self) -> KillPlan:
         """The same job on the restart path: checkpoints, the fault, every rank restarted."""
@@ -127,8 +150,9 @@ class LivePlan:
     def describe(self) -> str:
         t = self.train
         rejoin = ", then a replacement joins" if self.rejoin else ""
+        node = "a lighthouse node (torchft)" if self.recovery == "torchft" else "a coordinator node"
         return (
-            f"{self.layout.describe()} and a coordinator node, model {t.model}, {t.steps} steps "
+            f"{self.layout.describe()} and {node}, model {t.model}, {t.steps} steps "
             f"({t.step_delay_ms:g} ms step delay), heartbeat timeout {t.heartbeat_timeout_s:g} "
             f"s; fault: {self.mode} rank {self.rank} in step {self.at_step}{rejoin}"
         )

@@ -32,6 +32,7 @@ class LiveResult:
     codes: dict[str, dict[int, int]]  # job -> rank (the coordinator: node) -> exit code
     restart: KillResult | None  # the restart path on the same job, when it ran
     seconds: float = 0.0
+    torchft: LiveResult | None = None  # the same job under torchft, when it ran
 
     def moment(self, kind: str) -> Moment | None:
         return next((m for m in self.moments if m.kind == kind), None)

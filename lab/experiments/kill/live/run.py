@@ -104,7 +104,9 @@ def _live(cluster: Cluster, plan: LivePlan, fault: Fault, echo: _Echo) -> list[M
                               echo=follow("coordinator"))  # fmt: skip
     cfg = plan.config(f"{cluster.address(plan.coordinator_node)}:{COORDINATOR_PORT}")
     fault.prepare(cluster, plan.rank)  # one rank per node: the rank's node
-    echo(f"== live: {plan.nodes} ranks, coordinator at {cfg.coordinator} (node{plan.nodes})")
+    serves = "torchft's lighthouse" if plan.recovery == "torchft" else "coordinator"
+    echo(f"== {plan.recovery}: {plan.nodes} ranks, {serves} at {cfg.coordinator} "
+         f"(node{plan.nodes})")  # fmt: skip
     job = cluster.job("live", train_argvs("live", plan.layout, cfg), plan.run_timeout_s,
                       echo=follow("live"))  # fmt: skip
     jobs = [coordinator, job]
@@ -135,7 +137,8 @@ def _live(cluster: Cluster, plan: LivePlan, fault: Fault, echo: _Echo) -> list[M
                               "replacement"))  # fmt: skip
     _drain(jobs, {"live": survivors, "coordinator": []}, plan.run_timeout_s)
     fault.release()  # a paused or cut-off rank may go now
-    _drain(jobs, {}, _END_GRACE_S)
+    # torchft's lighthouse serves until its container goes: nobody waits for it to exit
+    _drain(jobs, {"coordinator": []} if plan.recovery == "torchft" else {}, _END_GRACE_S)
     follow.progress.close()
     for j in jobs:
         j.close()
@@ -146,7 +149,8 @@ def _live(cluster: Cluster, plan: LivePlan, fault: Fault, echo: _Echo) -> list[M
 
 
 def run(plan: LivePlan, echo: _Echo = print) -> LiveResult:
-    """The live run on one cluster, then (``plan.compare``) the restart path on another."""
+    """The live run on one cluster, then (``plan.compare``) the restart path on another, and
+    (``plan.torchft``) the same job under torchft on a third."""
     started = time.monotonic()
     fault_type = FAULTS[plan.mode]
     cluster = Cluster(connect(), plan.cluster_layout, image=plan.image, echo=echo,
@@ -162,5 +166,9 @@ def run(plan: LivePlan, echo: _Echo = print) -> LiveResult:
     if plan.compare:
         echo("== the restart path on the same job (lab kill --recover)")
         restart = run_restart(plan.restart_plan(), echo)
+    torchft = None
+    if plan.torchft:
+        echo("== the same job under torchft (lab kill --recovery torchft)")
+        torchft = run(plan.torchft_plan(), echo)
     return LiveResult(plan, cluster.run_id, run_dir, moments, logs, codes, restart,
-                      time.monotonic() - started)  # fmt: skip
+                      time.monotonic() - started, torchft)  # fmt: skip

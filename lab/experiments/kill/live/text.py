@@ -30,15 +30,18 @@ def table(rows: Sequence[PathRow]) -> list[str]:
 
 
 def headline(result: LiveResult, live: PathRow, restart: PathRow | None, figs: dict,
-             verdict: Verdict) -> str:  # fmt: skip
+             verdict: Verdict, torchft: PathRow | None = None) -> str:  # fmt: skip
     """E.g. ``live recovery: 0.6 s from the fault to the first committed step at world 3
     (restart path: 21.4 s); rank 2 healed from rank 0 in 0.4 s; replicas identical after every
     committed step``."""
     world = result.plan.nodes - 1
-    text = f"live recovery: {_s(live.fault_to_commit_s)} from the fault to the first "
-    text += f"committed step at world {world}"
+    text = f"{result.plan.recovery} recovery: {_s(live.fault_to_commit_s)} from the fault to "
+    text += f"the first committed step at world {world}"
+    others = [f"torchft on the same job: {_s(torchft.fault_to_commit_s)}"] if torchft else []
     if restart is not None:
-        text += f" (restart path: {_s(restart.fault_to_commit_s, 1)})"
+        others.append(f"restart path: {_s(restart.fault_to_commit_s, 1)}")
+    if others:
+        text += f" ({'; '.join(others)})"
     if figs.get("heal_from") is not None:
         text += (f"; rank {result.plan.rank} healed from rank {figs['heal_from']} in "
                  f"{_s(figs.get('heal_s'), 3)}")  # fmt: skip
@@ -47,7 +50,7 @@ def headline(result: LiveResult, live: PathRow, restart: PathRow | None, figs: d
 
 
 def lines(result: LiveResult, live: PathRow, restart: PathRow | None, figs: dict,
-          verdict: Verdict) -> list[str]:  # fmt: skip
+          verdict: Verdict, torchft: PathRow | None = None) -> list[str]:  # fmt: skip
     """Everything printed after the run, the headline last."""
     fault = result.moment("fault")
     out = []
@@ -62,7 +65,7 @@ def lines(result: LiveResult, live: PathRow, restart: PathRow | None, figs: dict
             f"(interpreter, torch import), then {_s(reg, 3)} from registering to its first "
             f"committed step ({figs.get('heal_bytes', 0) / 1e6:.2f} MB healed)"
         )
-    out += ["", *table([r for r in (restart, live) if r is not None])]
+    out += ["", *table([r for r in (restart, torchft, live) if r is not None])]
     out += [f"verdict: {line}" for line in verdict.lines]
-    out.append(headline(result, live, restart, figs, verdict))
+    out.append(headline(result, live, restart, figs, verdict, torchft))
     return out
