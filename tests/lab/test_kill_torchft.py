@@ -117,7 +117,10 @@ def test_three_rows_restart_torchft_ours_and_the_last_line():
 
 
 def test_torchft_replicas_that_differ_fail_its_verdict():
-    assert judge(_torchft()).ok
+    held = judge(_torchft())
+    assert held.ok and held.lines == [
+        "replicas identical; replicas identical after every committed step (4 steps compared)"
+    ]
     verdict = judge(_torchft(differ=True))
     assert not verdict.ok and "replicas DIFFER after steps [7]" in verdict.lines
     mixed = dataclasses.replace(_result(), torchft=_torchft(differ=True))

@@ -109,14 +109,15 @@ def judge(result: LiveResult) -> Verdict:
         if not v.holds or v.committed_steps != v.expected_steps:
             ok = False
             lines.append(f"rank {v.rank}: {v.message}")
+    agreed, said = True, ""
     if result.plan.recovery == "torchft":  # torchft compares no replicas: their checksums do
         agreed, said = torchft_agreement(records)
+        ok = ok and agreed
         if not agreed:
-            ok = False
             lines.append(said)
     if result.plan.rejoin and figs.get("heal_from") is None:
         ok = False
         lines.append("the replacement did not heal from a peer")
     if ok and verdicts:
-        lines.append(verdicts[0].message)
+        lines.append(verdicts[0].message + (f"; {said}" if said else ""))
     return Verdict(ok, lines)

@@ -87,9 +87,15 @@ def _trigger(plan: LivePlan) -> Callable[[Event], bool]:
 
 
 def _committed_without(plan: LivePlan) -> Callable[[Event], bool]:
+    """A step committed at world N-1; under torchft at any smaller world: its lighthouse may
+    form a quorum without a survivor still stuck in the old group's allreduce (it heals back
+    in later), and the replacement should not wait for that."""
+    smaller = plan.recovery == "torchft"
+
     def hit(event: Event) -> bool:
         r = event.record if isinstance(event, RecordEvent) else None
-        return isinstance(r, CommitRecord) and r.committed and r.world_size == plan.nodes - 1
+        world = r.world_size if isinstance(r, CommitRecord) and r.committed else None
+        return world is not None and (world < plan.nodes if smaller else world == plan.nodes - 1)
 
     return hit
 

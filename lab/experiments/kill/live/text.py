@@ -34,7 +34,8 @@ def headline(result: LiveResult, live: PathRow, restart: PathRow | None, figs: d
     """E.g. ``live recovery: 0.6 s from the fault to the first committed step at world 3
     (restart path: 21.4 s); rank 2 healed from rank 0 in 0.4 s; replicas identical after every
     committed step``."""
-    world = result.plan.nodes - 1
+    # torchft's lighthouse may first form a quorum without a survivor stuck in the old group
+    world = figs.get("first_commit_world") or result.plan.nodes - 1
     text = f"{result.plan.recovery} recovery: {_s(live.fault_to_commit_s)} from the fault to "
     text += f"the first committed step at world {world}"
     others = [f"torchft on the same job: {_s(torchft.fault_to_commit_s)}"] if torchft else []
