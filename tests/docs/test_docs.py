@@ -194,7 +194,7 @@ def _accept(program: str, argv: list[str]) -> None:
         _no_abbreviations(parser, argv[1:] if one_rank else argv)
         # what `python -m ddp` checks before any process exists, without touching the disk
         cfg = config_from_args(args, names)
-        if args.world_size is not None:
+        if args.world_size is not None and cfg.recovery == "restart":  # as ddp.__main__
             cfg.local_batch(args.world_size)
 
 
