@@ -1,6 +1,7 @@
 """The faults without Docker: the commands they run and the calls they make, on a fake cluster
 that records them; release is idempotent and undoes exactly what was done."""
 
+import time
 from types import SimpleNamespace
 
 import docker.errors
@@ -12,14 +13,26 @@ from lab.faults.partition import CHAIN, partition_commands, shell_script
 
 
 class _Container:
+    id = "c0ffee"
+
     def __init__(self, fail: bool = False) -> None:
         self.calls: list[str] = []
         self.fail = fail
+        self.killed_at: float | None = None
+        self.client = SimpleNamespace(events=self._events)
 
     def kill(self) -> None:
         self.calls.append("kill")
         if self.fail:
             raise docker.errors.NotFound("gone")
+        self.killed_at = time.time()
+
+    def _events(self, since: float, until: float, decode: bool, filters: dict) -> list[dict]:
+        """The engine's event log: an older kill of this container, then this one."""
+        assert filters == {"container": self.id, "event": "kill"} and since < until
+        if self.killed_at is None:
+            return []
+        return [{"timeNano": int((since - 5) * 1e9)}, {"timeNano": int(self.killed_at * 1e9)}]
 
     def pause(self) -> None:
         self.calls.append("pause")
@@ -74,6 +87,8 @@ def test_kill_is_one_docker_kill_and_leaves_nothing_to_release():
         fault.prepare(cluster, 1)
         fault.inject()
         assert fault.detail == "docker kill"
+        # the fault's moment is the engine's kill event of this call, not an older one
+        assert fault.landed_at == pytest.approx(cluster.nodes[1].container.killed_at, abs=1e-6)
         assert fault.release() is None
     assert [n.container.calls for n in cluster.nodes] == [[], ["kill"], []]
     assert cluster.execs == []
