@@ -121,6 +121,8 @@ def _commands_in(text: str, where: str, inline: bool) -> list[Command]:
                 argv.append(token)
         except ValueError as e:  # an unbalanced quote
             argv = [f"<unparsable: {e}>"]
+        if argv and argv[0].endswith(":"):  # `python -m lab kill: error: ...`: argparse's
+            break  # prefix of a message shown as output, and what it quotes runs on in prose
         written = " ".join([*m.group(0).split(), *argv])
         found.append(Command(where, m.group(1), tuple(argv), written, inline))
     return found
