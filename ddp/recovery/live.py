@@ -17,19 +17,15 @@ import logging
 import math
 import time
 
-import torch
-
 from ddp.flight.diagnosis import PeerFailure
 from ddp.flight.gloo_errors import error_meaning
 from ddp.program.config import TrainConfig
-from ddp.program.data import make_dataset
-from ddp.program.models import build_model, simulate_backward_compute
 from ddp.program.parity import HEADER
 from ddp.program.records import EndRecord, RecordLog
-from ddp.program.reference import Reference, params_sha256, sgd
-from ddp.recovery.batches import GlobalBatches
+from ddp.program.reference import Reference, params_sha256
 from ddp.recovery.group import build_group
 from ddp.recovery.heal import heal
+from ddp.recovery.job import job_parts
 from ddp.recovery.member import Member
 from ddp.recovery.records import (
     CommitRecord,
@@ -51,13 +47,7 @@ log = logging.getLogger("ddp")
 def train_live(cfg: TrainConfig, replica: int, jlog: RecordLog, started_t: float) -> bool:
     """Train from wherever the quorum stands to ``cfg.steps``; True if the live verdict
     holds (every step committed once, replicas identical after each)."""
-    torch.set_num_threads(1)
-    x, y = make_dataset(cfg.seed)
-    module = build_model(cfg.model, cfg.seed)
-    if cfg.backward_delay_ms:
-        simulate_backward_compute(module, cfg.backward_delay_ms)
-    batches = GlobalBatches(len(x), cfg.batch_size, cfg.seed)
-    run = LiveRun(cfg, replica, jlog, x, y, batches, module, sgd(module, cfg), started_t)
+    run = LiveRun(**job_parts(cfg, replica, jlog, started_t))
     run.member = Member(
         cfg.coordinator, replica, cfg.heartbeat_timeout_s, cfg.collective_timeout_s,
         functools.partial(_noticed, run),

@@ -24,13 +24,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from ddp.program.config import TrainConfig
 from ddp.program.parity import StepRow
-from ddp.program.records import RecordLog, StepRecord
+from ddp.program.records import StepRecord
 from ddp.program.reference import Reference, checksum, max_param_diff
-from ddp.recovery.batches import GlobalBatches
+from ddp.recovery.job import ReplicaJob
 from ddp.recovery.member import Member
 from ddp.recovery.protocol import Quorum
 from ddp.recovery.records import CommitRecord
@@ -43,18 +41,9 @@ log = logging.getLogger("ddp")
 
 
 @dataclass
-class LiveRun:
+class LiveRun(ReplicaJob):
     """One rank's live run: what it trains, and where it stands in the protocol."""
 
-    cfg: TrainConfig
-    replica: int
-    jlog: RecordLog
-    x: torch.Tensor
-    y: torch.Tensor
-    batches: GlobalBatches
-    module: nn.Module
-    opt: torch.optim.Optimizer
-    started_t: float
     member: Member | None = None
     step: int = 0  # the last step committed
     attempting: int | None = None  # the step under way, until it commits

@@ -16,18 +16,15 @@ import socket
 import time
 from datetime import timedelta
 
-import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torchft.manager import Manager
 
 from ddp.flight.gloo_errors import error_meaning
 from ddp.program.config import TrainConfig
-from ddp.program.data import make_dataset
-from ddp.program.models import build_model, simulate_backward_compute
 from ddp.program.records import EndRecord, RecordLog, StepRecord
-from ddp.program.reference import checksum, params_sha256, sgd
-from ddp.recovery.batches import GlobalBatches
+from ddp.program.reference import checksum, params_sha256
+from ddp.recovery.job import job_parts
 from ddp.recovery.records import CommitRecord, FaultRecord, RecoveryVerdictRecord
 from ddp.recovery.tft.hook import manager_allreduce_hook
 from ddp.recovery.tft.parts import WatchedGloo, WatchedTransport
@@ -130,13 +127,7 @@ def train_torchft(
     """Train replica ``replica`` to ``cfg.steps`` committed steps; True if every step 1..steps
     is in its history exactly once (the replicas' agreement is judged from their step
     records, by whoever reads them all)."""
-    torch.set_num_threads(1)
-    x, y = make_dataset(cfg.seed)
-    module = build_model(cfg.model, cfg.seed)
-    if cfg.backward_delay_ms:
-        simulate_backward_compute(module, cfg.backward_delay_ms)
-    batches = GlobalBatches(len(x), cfg.batch_size, cfg.seed)
-    r = Replica(cfg, replica, jlog, x, y, batches, module, sgd(module, cfg), started_t)
+    r = Replica(**job_parts(cfg, replica, jlog, started_t))
     r.manager = _manager(cfg, replica, world, r)
     r.registered_t = time.time()
     model = _wrap(cfg, r)
@@ -148,7 +139,7 @@ def train_torchft(
         jlog.write(RecoveryVerdictRecord(
             replica, v.holds, v.committed, cfg.steps, r.failed, r.quorums, 0, v.message
         ))  # fmt: skip
-        jlog.write(EndRecord(replica, v.holds, params_sha256(module)))
+        jlog.write(EndRecord(replica, v.holds, params_sha256(r.module)))
         return v.holds
     finally:
         r.manager.shutdown(wait=False)

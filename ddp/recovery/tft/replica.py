@@ -8,12 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-from torch import nn
-
-from ddp.program.config import TrainConfig
-from ddp.program.records import RecordLog
-from ddp.recovery.batches import GlobalBatches
+from ddp.recovery.job import ReplicaJob
 from ddp.recovery.records import FaultRecord, HealRecord, QuorumRecord
 from ddp.recovery.tft.parts import state_bytes
 
@@ -21,16 +16,7 @@ __all__ = ["Replica"]
 
 
 @dataclass
-class Replica:
-    cfg: TrainConfig
-    replica: int  # its --rank
-    jlog: RecordLog
-    x: torch.Tensor
-    y: torch.Tensor
-    batches: GlobalBatches
-    module: nn.Module
-    opt: torch.optim.Optimizer
-    started_t: float
+class Replica(ReplicaJob):
     manager: Any = None  # torchft.manager.Manager
     pg: Any = None  # ddp.recovery.tft.parts.WatchedGloo
     transport: Any = None  # ddp.recovery.tft.parts.WatchedTransport
