@@ -105,10 +105,16 @@ def test_sigkill_of_one_of_three_torchft_replicas(tmp_path):
         worlds = [q.world_size for q in records[rank] if isinstance(q, QuorumRecord)]
         assert worlds == [3, 2], worlds
         commits = [c for c in records[rank] if isinstance(c, CommitRecord)]
-        assert [c.step for c in commits if c.committed] == list(range(1, 16))
-        # the step the kill hit did not commit at world 3, and was redone at world 2
-        assert any(not c.committed and c.world_size == 3 for c in commits)
-        assert {c.world_size for c in commits if c.committed and c.step > 5} == {2}
+        committed = [c for c in commits if c.committed]
+        assert [c.step for c in committed] == list(range(1, 16))
+        # Whether the kill caught a step under way (a failed attempt at world 3, redone) or
+        # came before the survivors' allreduce (they waited in torchft's quorum, which formed
+        # without rank 2) depends on the moment: either way every step from the one the kill
+        # hit on is committed at world 2, once, and every step before it at world 3.
+        first_at_2 = next(c.step for c in committed if c.world_size == 2)
+        assert 5 <= first_at_2 <= 6, first_at_2
+        assert all(c.world_size == (3 if c.step < first_at_2 else 2) for c in committed)
+        assert all(c.world_size == 3 for c in commits if not c.committed)
     assert "committed at world 2" in out
 
 
