@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Verdict", "judge"]
+__all__ = ["Verdict", "commit_accounting", "judge", "redone_phrase"]
 
 
 @dataclass(frozen=True)
@@ -27,11 +27,22 @@ def _ranges(steps: list[int]) -> str:
     return ", ".join(map(str, steps[:8])) + (" ..." if len(steps) > 8 else "")
 
 
-def judge(history: list[dict], steps: int, tolerance: float, failed: int, quorums: int) -> Verdict:
-    """Judge ``history`` against ``steps`` expected steps."""
+def commit_accounting(history: list[dict], steps: int) -> tuple[list[int], list[int], list[int]]:
+    """(the committed steps in order, the steps of 1..``steps`` never committed, the steps
+    committed more than once): what every recovery driver's verdict starts from."""
     done = [h["step"] for h in history]
     missing = sorted(set(range(1, steps + 1)) - set(done))
     twice = sorted({s for s in done if done.count(s) > 1})
+    return done, missing, twice
+
+
+def redone_phrase(failed: int, quorums: int) -> str:
+    return f"{failed} failed attempt{'s' if failed != 1 else ''} redone, {quorums} quorums"
+
+
+def judge(history: list[dict], steps: int, tolerance: float, failed: int, quorums: int) -> Verdict:
+    """Judge ``history`` against ``steps`` expected steps."""
+    done, missing, twice = commit_accounting(history, steps)
     differ = [h["step"] for h in history if h["identical"] is False]
     unchecked = [h["step"] for h in history if h["identical"] is None]
     diffs = [h["diff"] for h in history if h.get("diff") is not None]
@@ -47,7 +58,7 @@ def judge(history: list[dict], steps: int, tolerance: float, failed: int, quorum
         problems.append(f"replicas never compared after steps {_ranges(unchecked)}")
     if over:
         problems.append(f"steps {_ranges(over)} differ from the reference by > {tolerance:.0e}")
-    redone = f"{failed} failed attempt{'s' if failed != 1 else ''} redone, {quorums} quorums"
+    redone = redone_phrase(failed, quorums)
     if problems:
         return Verdict(False, len(done), len(diffs), "live recovery broken: " + "; ".join(problems))
     if diffs:

@@ -5,16 +5,14 @@ Pure."""
 
 from __future__ import annotations
 
-from ddp.recovery.verdict import Verdict
+from ddp.recovery.verdict import Verdict, commit_accounting, redone_phrase
 
 __all__ = ["judge_history"]
 
 
 def judge_history(history: list[dict], steps: int, failed: int, quorums: int) -> Verdict:
     """``history`` entries are ``{"step", "quorum", "world"}``."""
-    done = [h["step"] for h in history]
-    missing = sorted(set(range(1, steps + 1)) - set(done))
-    twice = sorted({s for s in done if done.count(s) > 1})
+    done, missing, twice = commit_accounting(history, steps)
     problems = []
     if missing:
         problems.append(f"steps never committed: {missing[:8]}")
@@ -22,5 +20,5 @@ def judge_history(history: list[dict], steps: int, failed: int, quorums: int) ->
         problems.append(f"steps committed twice: {twice[:8]}")
     if problems:
         return Verdict(False, len(done), 0, "torchft run broken: " + "; ".join(problems))
-    redone = f"{failed} failed attempt{'s' if failed != 1 else ''} redone, {quorums} quorums"
+    redone = redone_phrase(failed, quorums)
     return Verdict(True, len(done), 0, f"torchft: all {len(done)} steps committed once ({redone})")
