@@ -89,16 +89,26 @@ def add_impairments(p: argparse.ArgumentParser, where: str = "every node's link"
     """``--jitter-ms``, ``--jitter-distribution``, ``--loss-pct``: netem's impairments, on
     ``where``, verified by the probe like the delay."""
     g = p.add_argument_group("link impairments (verified by the probe before training)")
-    g.add_argument("--jitter-ms", type=number(0), default=0.0, metavar="MS",
-                   help=f"random part of every packet's delay on {where} (default 0)")  # fmt: skip
     g.add_argument(
-        "--jitter-distribution", choices=DISTRIBUTIONS, default="uniform",
+        "--jitter-ms",
+        type=number(0),
+        default=0.0,
+        metavar="MS",
+        help=f"random part of every packet's delay on {where} (default 0)",
+    )
+    g.add_argument(
+        "--jitter-distribution",
+        choices=DISTRIBUTIONS,
+        default="uniform",
         help="uniform in [-MS, +MS] (netem's default) or normal with sd MS (default uniform)",
-    )  # fmt: skip
+    )
     g.add_argument(
-        "--loss-pct", type=number(0), default=0.0, metavar="P",
+        "--loss-pct",
+        type=number(0),
+        default=0.0,
+        metavar="P",
         help=f"drop each packet with probability P%% on {where} (default 0; below 50)",
-    )  # fmt: skip
+    )
 
 
 def impairments(args: argparse.Namespace) -> Impairments:

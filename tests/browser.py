@@ -26,9 +26,17 @@ __all__ = ["SKIP_REASON", "PageCheck", "check_page", "chromium"]
 SKIP_REASON = "chromium not found: apt-get update && apt-get install -y chromium"
 # Without the background-networking flags Chromium's own connections are refused by this
 # machine's closed network (and retried, slowly).
-_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-          "--remote-debugging-pipe"]  # fmt: skip
+_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--remote-debugging-pipe",
+]
 _PROBE = """JSON.stringify({
   images: Array.from(document.images).map(i => ({alt: i.alt, complete: i.complete,
                                                   width: i.naturalWidth})),
@@ -74,8 +82,13 @@ class _Pipe:
         msg, self._buf = self._buf.split(b"\0", 1)
         return json.loads(msg)
 
-    def send(self, method: str, params: dict | None = None, session: str | None = None,
-             timeout: float = 30) -> dict[str, Any]:  # fmt: skip
+    def send(
+        self,
+        method: str,
+        params: dict | None = None,
+        session: str | None = None,
+        timeout: float = 30,
+    ) -> dict[str, Any]:
         self._id += 1
         msg = {"id": self._id, "method": method, "params": params or {}}
         if session:
@@ -115,21 +128,38 @@ def _inspect(cdp: _Pipe, url: str, shot: Path, timeout: float) -> PageCheck:
     sid = session["sessionId"]
     for domain in ("Page", "Runtime", "Log", "Network"):
         cdp.send(f"{domain}.enable", session=sid)
-    cdp.send("Emulation.setDeviceMetricsOverride", {"width": 1280, "height": 900,
-             "deviceScaleFactor": 1, "mobile": False}, session=sid)  # fmt: skip
+    cdp.send(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": 1280, "height": 900, "deviceScaleFactor": 1, "mobile": False},
+        session=sid,
+    )
     cdp.events.clear()
     cdp.send("Page.navigate", {"url": url}, session=sid)
     cdp.wait_for("Page.loadEventFired", timeout)
-    probe = cdp.send("Runtime.evaluate", {"expression": _PROBE, "returnByValue": True},
-                     session=sid)  # fmt: skip
+    probe = cdp.send("Runtime.evaluate", {"expression": _PROBE, "returnByValue": True}, session=sid)
     found = json.loads(probe["result"]["value"])
-    png = cdp.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True},
-                   session=sid, timeout=timeout)  # fmt: skip
+    png = cdp.send(
+        "Page.captureScreenshot",
+        {"format": "png", "captureBeyondViewport": True},
+        session=sid,
+        timeout=timeout,
+    )
     shot.write_bytes(base64.b64decode(png["data"]))
-    requests = [e["params"]["request"]["url"] for e in cdp.events
-                if e.get("method") == "Network.requestWillBeSent"]  # fmt: skip
-    return PageCheck(found["images"], found["command"], found["verdict"], found["figure"],
-                     found["text"], shot, _errors(cdp.events), requests)  # fmt: skip
+    requests = [
+        e["params"]["request"]["url"]
+        for e in cdp.events
+        if e.get("method") == "Network.requestWillBeSent"
+    ]
+    return PageCheck(
+        found["images"],
+        found["command"],
+        found["verdict"],
+        found["figure"],
+        found["text"],
+        shot,
+        _errors(cdp.events),
+        requests,
+    )
 
 
 def check_page(html: Path, out_dir: Path, timeout: float = 60) -> PageCheck:
@@ -148,9 +178,13 @@ def check_page(html: Path, out_dir: Path, timeout: float = 60) -> PageCheck:
     profile = out_dir / "chromium-profile"
     proc = subprocess.Popen(
         [exe, *_FLAGS, f"--user-data-dir={profile}", "about:blank"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        preexec_fn=_fds, close_fds=True, pass_fds=(3, 4),  # kept after _fds moved them there
-    )  # fmt: skip
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=_fds,
+        close_fds=True,
+        pass_fds=(3, 4),  # kept after _fds moved them there
+    )
     os.close(to_r)
     os.close(from_w)
     try:

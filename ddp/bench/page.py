@@ -13,9 +13,12 @@ from ddp.report import Headline, Link, Page, Section, Table, write_page
 
 __all__ = ["bench_page", "write_bench_page"]
 
-_SHORT = {"ours/torch step time": "ours/torch", "ours+hook/ours step time": "ours+hook/ours",
-          "one node: ours+hierarchical/ours": "ours+hier/ours",
-          "world size 1: ours/bare module": "ws1 ours/bare"}  # fmt: skip
+_SHORT = {
+    "ours/torch step time": "ours/torch",
+    "ours+hook/ours step time": "ours+hook/ours",
+    "one node: ours+hierarchical/ours": "ours+hier/ours",
+    "world size 1: ours/bare module": "ws1 ours/bare",
+}
 
 
 def _variants(per_round: dict[str, list[float]], caption: str) -> Table:
@@ -41,10 +44,15 @@ def bench_page(runs: dict[str, dict[str, Any]], cfg: dict[str, Any], command: st
     found = ratios(runs, cfg["batch"])
     met = {True: "met", False: "NOT met", None: "skipped"}
     rows = [
-        [n, r["ratio"], f"<= {r['target']:.2f}", met[r["met"]],
-         ", ".join(f"{x:.2f}" for x in r["per_round"])]
+        [
+            n,
+            r["ratio"],
+            f"<= {r['target']:.2f}",
+            met[r["met"]],
+            ", ".join(f"{x:.2f}" for x in r["per_round"]),
+        ]
         for n, r in found.items()
-    ]  # fmt: skip
+    ]
     targets = Table(
         ("target", "ratio", "bound", "met", "per round"),
         rows,
@@ -53,15 +61,19 @@ def bench_page(runs: dict[str, dict[str, Any]], cfg: dict[str, Any], command: st
     sections = [Section("Targets", [targets])]
     for name, run in runs.items():
         label = f"{cfg['world_size']} ranks" if name == "multi" else "world size 1"
-        caption = (f"{cfg['depth']}x{cfg['width']} MLP, {cfg['rounds']} rounds x "
-                   f"{cfg['steps']} steps; median of per-round medians")  # fmt: skip
+        caption = (
+            f"{cfg['depth']}x{cfg['width']} MLP, {cfg['rounds']} rounds x "
+            f"{cfg['steps']} steps; median of per-round medians"
+        )
         blocks = [_variants(run.get("per_round_ms", {}), caption)]
         skipped = run.get("skipped", {})
         if skipped:
             blocks.append(Table(("variant", "skipped because"), list(skipped.items())))
         sections.append(Section(label, blocks))
-    links = [Link("bench.json", "config, command, per-round medians, ratios"),
-             Link("bench.csv", "one row per run, variant, batch and round")]  # fmt: skip
+    links = [
+        Link("bench.json", "config, command, per-round medians, ratios"),
+        Link("bench.csv", "one row per run, variant, batch and round"),
+    ]
     return Page("python -m ddp.bench", _headline(found, command), sections, links)
 
 

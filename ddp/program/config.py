@@ -107,25 +107,35 @@ class TrainConfig:
         "CPU-bound host",
     )
     collective_timeout_s: float = _opt(
-        300.0, "seconds a rank waits for its peers in one collective", "fault",
-        flag="--collective-timeout", metavar="S",
-    )  # fmt: skip
+        300.0,
+        "seconds a rank waits for its peers in one collective",
+        "fault",
+        flag="--collective-timeout",
+        metavar="S",
+    )
     recovery: str = _opt(
         "restart",
         "what a lost rank costs: restart (the job stops; resume from a checkpoint), live (the "
         "survivors go on in a new quorum, a rank that joins heals from a peer: ddp.recovery) or "
         "torchft (the same, by torchft's Manager and lighthouse: the [torchft] extra)",
-        "fault", choices=RECOVERY_MODES,
-    )  # fmt: skip
+        "fault",
+        choices=RECOVERY_MODES,
+    )
     coordinator: str | None = _opt(
-        None, "HOST:PORT of the live-recovery coordinator (python -m ddp.recovery.coordinator), "
+        None,
+        "HOST:PORT of the live-recovery coordinator (python -m ddp.recovery.coordinator), "
         "or with --recovery torchft of torchft's lighthouse (python -m ddp.recovery.tft."
-        "lighthouse); python -m ddp starts one itself", "fault", metavar="HOST:PORT",
-    )  # fmt: skip
+        "lighthouse); python -m ddp starts one itself",
+        "fault",
+        metavar="HOST:PORT",
+    )
     heartbeat_timeout_s: float = _opt(
-        2.0, "--recovery live: a rank whose heartbeats stop this long leaves the quorum",
-        "fault", flag="--heartbeat-timeout", metavar="S",
-    )  # fmt: skip
+        2.0,
+        "--recovery live: a rank whose heartbeats stop this long leaves the quorum",
+        "fault",
+        flag="--heartbeat-timeout",
+        metavar="S",
+    )
     checkpoint_every: int = _opt(
         0, "rank 0 writes an atomic checkpoint every K steps; 0 = never", "fault", metavar="K"
     )
@@ -134,9 +144,11 @@ class TrainConfig:
     )
     resume: bool = _opt(False, "continue from the newest complete checkpoint", "fault")
     auto_resume: bool = _opt(
-        False, "resume if the checkpoint directory holds a complete checkpoint, else start "
-        "fresh (for torchrun --max-restarts, which restarts the same command line)", "fault",
-    )  # fmt: skip
+        False,
+        "resume if the checkpoint directory holds a complete checkpoint, else start "
+        "fresh (for torchrun --max-restarts, which restarts the same command line)",
+        "fault",
+    )
     step_delay_ms: float = _opt(
         0.0,
         "sleep this long in every step, standing in for a bigger model, so that progress and "

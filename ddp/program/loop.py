@@ -89,9 +89,21 @@ def _setup(
     model = wrap(cfg, module, recorder, bucket_order)
     ddp = model if isinstance(model, DistributedDataParallel) else None
     run = _Run(
-        cfg, rank, world, jlog, recorder, x, y, sampler, module, model, ddp, opt, ref,
+        cfg,
+        rank,
+        world,
+        jlog,
+        recorder,
+        x,
+        y,
+        sampler,
+        module,
+        model,
+        ddp,
+        opt,
+        ref,
         0 if start is None else start.step,
-    )  # fmt: skip
+    )
     shapes = ddp.reducer.bucket_shapes if ddp else None
     buckets = bucket_count(cfg, model)
     jlog.write(ConfigRecord(rank, world, buckets, run.start, cfg.to_dict(), os.getpid(), shapes))
@@ -210,9 +222,12 @@ def _verify(run: _Run) -> bool:
     holds = torch.zeros(1, dtype=torch.int64)
     if rank == 0:
         report = ParityReport(
-            run.rows, run.world, cfg.tolerance, expected_steps=cfg.steps - run.start,
+            run.rows,
+            run.world,
+            cfg.tolerance,
+            expected_steps=cfg.steps - run.start,
             compression=compression_of(cfg.to_dict()),
-        )  # fmt: skip
+        )
         if cfg.sync == "barrier" and not report.holds:
             log.info("dist.barrier() lines the ranks up in time but never exchanges gradients:")
             log.info("each replica followed its own shard's gradients.")

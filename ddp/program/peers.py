@@ -44,7 +44,10 @@ class Rendezvous:
     def to_argv(self) -> list[str]:
         """The flags of ``python -m ddp train`` that give this rendezvous."""
         return [
-            "--rank", str(self.rank),
-            "--world-size", str(self.world_size),
-            "--init-method", self.init_method,
-        ]  # fmt: skip
+            "--rank",
+            str(self.rank),
+            "--world-size",
+            str(self.world_size),
+            "--init-method",
+            self.init_method,
+        ]

@@ -33,10 +33,23 @@ __all__ = ["main"]
 def _run(mode: str, args: argparse.Namespace, out: Path) -> dict[str, float]:
     log_dir = out / f"{mode}-{len(list(out.iterdir()))}"
     argv = [
-        sys.executable, "-m", "ddp", "--world-size", str(args.world_size), "--model",
-        args.model, "--steps", str(args.steps), "--batch-size", str(args.batch_size),
-        "--no-reference", "--recovery", mode, "--log-dir", str(log_dir),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "ddp",
+        "--world-size",
+        str(args.world_size),
+        "--model",
+        args.model,
+        "--steps",
+        str(args.steps),
+        "--batch-size",
+        str(args.batch_size),
+        "--no-reference",
+        "--recovery",
+        mode,
+        "--log-dir",
+        str(log_dir),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=args.timeout)
     if r.returncode != 0:
@@ -63,9 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world-size", type=int, default=4, help="ranks (default 4)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run (default 600)")
     p.add_argument(
-        "--variants", default="live",
+        "--variants",
+        default="live",
         help="compared with restart: live, torchft, or live,torchft (default live)",
-    )  # fmt: skip
+    )
     args = p.parse_args(argv)
     if args.rounds < 1 or args.steps <= args.warmup + 1 or args.world_size < 2:
         p.error("need --rounds >= 1, --steps > --warmup + 1 and --world-size >= 2")

@@ -17,14 +17,17 @@ def add_fault_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--kill-at-step", type=int, metavar="S", help="the step of --kill-rank")
     g.add_argument(
-        "--signal", choices=("KILL", "STOP"), default="KILL",
+        "--signal",
+        choices=("KILL", "STOP"),
+        default="KILL",
         help="what --kill-rank sends: KILL (the rank dies: its peers' collectives fail) or "
         "STOP (it stalls: its heartbeats stop) (default KILL)",
-    )  # fmt: skip
+    )
     g.add_argument(
-        "--rejoin", action="store_true",
+        "--rejoin",
+        action="store_true",
         help="start a replacement for the killed rank once the survivors committed a step",
-    )  # fmt: skip
+    )
 
 
 def _server(mode: str, world_size: int | None) -> str:

@@ -228,13 +228,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     p.add_argument("--world-size", type=int, required=True, help="ranks of the first quorum")
     p.add_argument(
-        "--heartbeat-timeout", type=float, default=2.0, metavar="S",
+        "--heartbeat-timeout",
+        type=float,
+        default=2.0,
+        metavar="S",
         help="a member whose heartbeat stops this long is dropped (default 2)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--window-ms", type=float, default=100.0, metavar="MS",
+        "--window-ms",
+        type=float,
+        default=100.0,
+        metavar="MS",
         help="after an abort, how long survivors have to check in (default 100)",
-    )  # fmt: skip
+    )
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds at most (default 3600)")
     return p
 
@@ -249,9 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed import TCPStore
 
     store = TCPStore(
-        args.host, args.port, is_master=True, wait_for_workers=False,
+        args.host,
+        args.port,
+        is_master=True,
+        wait_for_workers=False,
         timeout=timedelta(seconds=60),
-    )  # fmt: skip
+    )
     from ddp.recovery.liveness import Liveness
     from ddp.recovery.protocol import keys
 

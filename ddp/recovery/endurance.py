@@ -38,8 +38,13 @@ __all__ = ["main"]
 def _plan(steps: int) -> list[tuple[int, int, str]]:
     """(step, rank, what) for the five faults, spread over the run."""
     at = [round(steps * f) for f in (0.1, 0.25, 0.4, 0.55, 0.65)]
-    return [(at[0], 2, "kill"), (at[1], 1, "pause"), (at[2], 3, "stall"), (at[3], 0, "kill"),
-            (at[4], 1, "kill+rejoin")]  # fmt: skip
+    return [
+        (at[0], 2, "kill"),
+        (at[1], 1, "pause"),
+        (at[2], 3, "stall"),
+        (at[3], 0, "kill"),
+        (at[4], 1, "kill+rejoin"),
+    ]
 
 
 def _hit(job: LocalJob, name: str, what: str, hb: float) -> None:
@@ -83,9 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 20:
         p.error("--steps must be >= 20: five faults need room")
     cfg = TrainConfig(
-        model=args.model, steps=args.steps, step_delay_ms=args.step_delay_ms, recovery="live",
-        heartbeat_timeout_s=args.heartbeat_timeout, collective_timeout_s=60.0,
-    )  # fmt: skip
+        model=args.model,
+        steps=args.steps,
+        step_delay_ms=args.step_delay_ms,
+        recovery="live",
+        heartbeat_timeout_s=args.heartbeat_timeout,
+        collective_timeout_s=60.0,
+    )
     log_dir = tempfile.mkdtemp(prefix="ddp-endurance-")
     job = LocalJob(cfg, 4, log_dir)
     try:

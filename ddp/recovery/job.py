@@ -45,7 +45,13 @@ def job_parts(cfg: TrainConfig, replica: int, jlog: RecordLog, started_t: float)
     if cfg.backward_delay_ms:
         simulate_backward_compute(module, cfg.backward_delay_ms)
     return {
-        "cfg": cfg, "replica": replica, "jlog": jlog, "x": x, "y": y,
-        "batches": GlobalBatches(len(x), cfg.batch_size, cfg.seed), "module": module,
-        "opt": sgd(module, cfg), "started_t": started_t,
-    }  # fmt: skip
+        "cfg": cfg,
+        "replica": replica,
+        "jlog": jlog,
+        "x": x,
+        "y": y,
+        "batches": GlobalBatches(len(x), cfg.batch_size, cfg.seed),
+        "module": module,
+        "opt": sgd(module, cfg),
+        "started_t": started_t,
+    }

@@ -49,9 +49,12 @@ def train_live(cfg: TrainConfig, replica: int, jlog: RecordLog, started_t: float
     holds (every step committed once, replicas identical after each)."""
     run = LiveRun(**job_parts(cfg, replica, jlog, started_t))
     run.member = Member(
-        cfg.coordinator, replica, cfg.heartbeat_timeout_s, cfg.collective_timeout_s,
+        cfg.coordinator,
+        replica,
+        cfg.heartbeat_timeout_s,
+        cfg.collective_timeout_s,
         functools.partial(_noticed, run),
-    )  # fmt: skip
+    )
     while run.step < cfg.steps:
         try:
             if run.model is None or run.agreed > run.quorum.id:
@@ -152,10 +155,17 @@ def _enter(run: LiveRun) -> None:
         src = q.replicas[h.source]
         run.jlog.write(
             HealRecord(
-                run.replica, q.id, run.step, src, h.nbytes, h.seconds, time.time(),
-                member.registered_at, run.started_t,
+                run.replica,
+                q.id,
+                run.step,
+                src,
+                h.nbytes,
+                h.seconds,
+                time.time(),
+                member.registered_at,
+                run.started_t,
             )
-        )  # fmt: skip
+        )
         log.warning(
             f"[rank{run.replica}] healed from rank {src}: step {before} -> {run.step}, "
             f"{h.nbytes / 1e6:.2f} MB in {h.seconds * 1e3:.1f} ms"
@@ -164,11 +174,18 @@ def _enter(run: LiveRun) -> None:
     ref_rank = q.replicas[0] if cfg.reference else None
     run.jlog.write(
         QuorumRecord(
-            run.replica, q.id, q.replicas, q.world_size, run.group_rank, t_quorum, q.reason,
-            [int(u.split(".")[0]) for u in q.lost], [int(u.split(".")[0]) for u in q.joined],
+            run.replica,
+            q.id,
+            q.replicas,
+            q.world_size,
+            run.group_rank,
+            t_quorum,
+            q.reason,
+            [int(u.split(".")[0]) for u in q.lost],
+            [int(u.split(".")[0]) for u in q.joined],
             ref_rank,
         )
-    )  # fmt: skip
+    )
     run.quorums += 1
     if run.group_rank == 0:
         log.info(f"quorum {q.id}: ranks {q.replicas} (world {q.world_size}; {q.reason})")
@@ -226,10 +243,16 @@ def _finish(run: LiveRun) -> bool:
     v = judge(run.history, cfg.steps, cfg.tolerance, run.failed, run.quorums)
     run.jlog.write(
         RecoveryVerdictRecord(
-            run.replica, v.holds, v.committed, cfg.steps, run.failed, run.quorums, v.judged,
+            run.replica,
+            v.holds,
+            v.committed,
+            cfg.steps,
+            run.failed,
+            run.quorums,
+            v.judged,
             v.message,
         )
-    )  # fmt: skip
+    )
     if run.group_rank == 0:
         log.info(v.message)
     run.member.done()

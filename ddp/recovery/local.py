@@ -71,10 +71,18 @@ class LocalJob:
         """What ``--coordinator`` points at, as the process named ``coordinator``."""
         timeout = f"{max(300.0, self.cfg.steps * 10.0):g}"
         self._start(
-            "coordinator", "-m", "ddp.recovery.coordinator", "--port", str(self.port),
-            "--world-size", str(self.world), "--heartbeat-timeout",
-            f"{self.cfg.heartbeat_timeout_s:g}", "--timeout", timeout,
-        )  # fmt: skip
+            "coordinator",
+            "-m",
+            "ddp.recovery.coordinator",
+            "--port",
+            str(self.port),
+            "--world-size",
+            str(self.world),
+            "--heartbeat-timeout",
+            f"{self.cfg.heartbeat_timeout_s:g}",
+            "--timeout",
+            timeout,
+        )
 
     def _start(self, name: str, *argv: str) -> subprocess.Popen:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -179,8 +187,11 @@ def _report(job: LocalJob, t_kill: float | None, kill: tuple[int, int] | None) -
 
         holds, said = agreement(job.events)
         ok, message = ok and holds, f"{message}, {said}"
-    same = f"{len(ends)} replicas bitwise identical at the end" if len(digests) == 1 else (
-        f"replicas DIFFER at the end ({len(digests)} digests)")  # fmt: skip
+    same = (
+        f"{len(ends)} replicas bitwise identical at the end"
+        if len(digests) == 1
+        else (f"replicas DIFFER at the end ({len(digests)} digests)")
+    )
     exits = ", ".join(f"rank {n} {c}" for n, c in sorted(survivors.items()))
     print(f"{message}; {same} (exit codes: {exits})")
     return 0 if ok else (3 if any(c == 3 for c in survivors.values()) else 1)

@@ -139,10 +139,15 @@ def _pending(run: LiveRun, step: int, share: float, step_ms: float, comm_ms: flo
         extra["ref_checksum"] = checksum(run.ref.model)
         extra["max_param_diff"] = max_param_diff(run.module, run.ref.model)
     run.pending = {
-        "step": step, "share": share, "checksum": checksum(run.module), "step_ms": step_ms,
-        "comm_ms": comm_ms, "diff": extra.get("max_param_diff", math.nan), "wall0": wall0,
+        "step": step,
+        "share": share,
+        "checksum": checksum(run.module),
+        "step_ms": step_ms,
+        "comm_ms": comm_ms,
+        "diff": extra.get("max_param_diff", math.nan),
+        "wall0": wall0,
         "extra": extra,
-    }  # fmt: skip
+    }
 
 
 def _record_check(run: LiveRun, p: dict, g: torch.Tensor) -> None:
@@ -154,10 +159,17 @@ def _record_check(run: LiveRun, p: dict, g: torch.Tensor) -> None:
     extra = p["extra"]
     run.jlog.write(
         StepRecord(
-            run.replica, p["step"], loss, p["checksum"], p["step_ms"], p["comm_ms"], p["wall0"],
-            num_buckets=run.model.num_buckets, **extra,
+            run.replica,
+            p["step"],
+            loss,
+            p["checksum"],
+            p["step_ms"],
+            p["comm_ms"],
+            p["wall0"],
+            num_buckets=run.model.num_buckets,
+            **extra,
         )
-    )  # fmt: skip
+    )
     if run.group_rank == 0:
         row = StepRow(p["step"], loss, sums, step_ms=float(g[:, 4].max()))
         row.comm_ms = float(g[:, 5].max())

@@ -17,10 +17,12 @@ __all__ = ["figures", "timeline"]
 
 def _first(records: Iterable[Record], kind: type, after: float, **match: object) -> Record | None:
     found = [
-        r for r in records
-        if isinstance(r, kind) and r.t >= after
+        r
+        for r in records
+        if isinstance(r, kind)
+        and r.t >= after
         and all(getattr(r, k) == v for k, v in match.items())
-    ]  # fmt: skip
+    ]
     return min(found, key=lambda r: r.t, default=None)
 
 

@@ -50,8 +50,12 @@ def _cell(value: object) -> dict[str, Any]:
 def _block(block: Any) -> dict[str, Any]:
     if isinstance(block, Table):
         rows = [[_cell(c) for c in row] for row in block.rows]
-        return {"kind": "table", "headers": list(block.headers), "rows": rows,
-                "caption": block.caption}  # fmt: skip
+        return {
+            "kind": "table",
+            "headers": list(block.headers),
+            "rows": rows,
+            "caption": block.caption,
+        }
     if isinstance(block, Figure):
         return _image(block)
     return {"kind": "pre" if block.pre else "text", "lines": list(block.lines)}

@@ -31,8 +31,9 @@ def _figure(logs: dict[int, RankLog]) -> str:
     if diffs:
         parts.append(f"max |param diff| vs single process {max(diffs):.1e}")
     if by_step:
-        parts.append(f"median step {statistics.median(by_step.values()):.1f} ms "
-                     f"over {len(by_step)} steps")  # fmt: skip
+        parts.append(
+            f"median step {statistics.median(by_step.values()):.1f} ms over {len(by_step)} steps"
+        )
     return ", ".join(parts)
 
 
@@ -44,11 +45,15 @@ def _verdict(logs: dict[int, RankLog], code: int, message: str) -> str:
 
 
 def _links(log_dir: Path, tb: bool) -> list[Link]:
-    links = [Link(p.name, "a rank's typed records, one JSON object per line")
-             for p in sorted(log_dir.glob("rank*.jsonl"))]  # fmt: skip
+    links = [
+        Link(p.name, "a rank's typed records, one JSON object per line")
+        for p in sorted(log_dir.glob("rank*.jsonl"))
+    ]
     links += [Link(p.name, "a rank's traceback") for p in sorted(log_dir.glob("rank*.traceback"))]
-    links += [Link(f"flight/{p.name}", "a rank's flight recorder dump (its last collectives)")
-              for p in sorted(log_dir.glob("flight/flight_rank*.json"))]  # fmt: skip
+    links += [
+        Link(f"flight/{p.name}", "a rank's flight recorder dump (its last collectives)")
+        for p in sorted(log_dir.glob("flight/flight_rank*.json"))
+    ]
     if tb:
         links.append(Link("tb/", "TensorBoard scalars: tensorboard --logdir tb"))
     return links
@@ -61,17 +66,21 @@ def local_page(log_dir: Path, command: str, code: int, message: str, tb: bool = 
         logs = load_run(log_dir)
     except LogError as e:
         logs, problems = {}, [f"the rank logs cannot be read: {e}"]
-    problems += [f"rank {r}: last line torn (a rank stopped mid-write)"
-                 for r, log in logs.items() if log.torn]  # fmt: skip
+    problems += [
+        f"rank {r}: last line torn (a rank stopped mid-write)"
+        for r, log in logs.items()
+        if log.torn
+    ]
     headline = Headline(command, _verdict(logs, code, message), _figure(logs), code == 0)
     caption = "mean loss over the ranks; slowest rank's times"
-    sections = [Section("Per step", [steps_table(logs, caption)]),
-                Section("Ranks", [rank_exits(logs)])]  # fmt: skip
+    sections = [
+        Section("Per step", [steps_table(logs, caption)]),
+        Section("Ranks", [rank_exits(logs)]),
+    ]
     failures = [f"rank {r}: {log.failure.message}" for r, log in logs.items() if log.failure]
     if failures:
         sections.insert(0, Section("Diagnosis", [Text(failures, pre=True)]))
-    return Page(f"python -m ddp: {log_dir.name}", headline, sections, _links(log_dir, tb),
-                problems)  # fmt: skip
+    return Page(f"python -m ddp: {log_dir.name}", headline, sections, _links(log_dir, tb), problems)
 
 
 def write_local_report(log_dir: Path, command: str, code: int, message: str) -> list[str]:

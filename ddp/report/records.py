@@ -34,13 +34,15 @@ def rank_exits(logs: Mapping[int, RankLog], codes: Mapping[int, int] | None = No
     for rank in ranks:
         log = logs.get(rank)
         steps = log.steps if log is not None else []
-        rows.append([
-            rank,
-            len(steps),
-            steps[-1].step if steps else "-",
-            codes.get(rank, "-"),
-            rank_outcome(log) if log is not None else "no log collected",
-        ])  # fmt: skip
+        rows.append(
+            [
+                rank,
+                len(steps),
+                steps[-1].step if steps else "-",
+                codes.get(rank, "-"),
+                rank_outcome(log) if log is not None else "no log collected",
+            ]
+        )
     return Table(("rank", "steps logged", "last step", "exit code", "how it ended"), rows)
 
 
@@ -55,15 +57,24 @@ def steps_table(logs: Mapping[int, RankLog], caption: str = "") -> Table:
     rows = []
     for step, recs in sorted(by_step.items()):
         zero = next((r for r in recs if r.rank == 0), None)
-        rows.append([
-            step,
-            sum(r.loss for r in recs) / len(recs),
-            zero.ref_loss if zero else None,
-            zero.max_param_diff if zero else None,
-            max(r.step_ms for r in recs),
-            max(r.comm_ms for r in recs),
-            len(recs),
-        ])  # fmt: skip
-    headers = ("step", "mean loss", "ref loss", "max|dparam|", "step ms (slowest)",
-               "comm wait ms (slowest)", "ranks")  # fmt: skip
+        rows.append(
+            [
+                step,
+                sum(r.loss for r in recs) / len(recs),
+                zero.ref_loss if zero else None,
+                zero.max_param_diff if zero else None,
+                max(r.step_ms for r in recs),
+                max(r.comm_ms for r in recs),
+                len(recs),
+            ]
+        )
+    headers = (
+        "step",
+        "mean loss",
+        "ref loss",
+        "max|dparam|",
+        "step ms (slowest)",
+        "comm wait ms (slowest)",
+        "ranks",
+    )
     return Table(headers, rows, caption)

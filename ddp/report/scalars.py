@@ -46,8 +46,11 @@ def step_scalars(logs: Mapping[int, RankLog]) -> dict[str, dict[int, float]]:
     losses: dict[int, list[float]] = {}
     for log in logs.values():
         for r in log.steps:
-            for tag, value in (("step_ms", r.step_ms), ("comm_wait_ms", r.comm_ms),
-                               ("exposed_comm_ms", _exposed(r))):  # fmt: skip
+            for tag, value in (
+                ("step_ms", r.step_ms),
+                ("comm_wait_ms", r.comm_ms),
+                ("exposed_comm_ms", _exposed(r)),
+            ):
                 if value is not None:
                     out[tag][r.step] = max(value, out[tag].get(r.step, value))
             losses.setdefault(r.step, []).append(r.loss)

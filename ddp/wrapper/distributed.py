@@ -92,9 +92,14 @@ class DistributedDataParallel(nn.Module, Joinable):
         self._tune_cap, bucket_cap_mb = wants_auto(bucket_cap_mb, find_unused_parameters)
         self.auto_cap: AutoCap | None = None  # what 'auto' chose, once it has
         check_arguments(
-            module, bucket_cap_mb, torch_only, device_ids, output_device, check_reduction,
+            module,
+            bucket_cap_mb,
+            torch_only,
+            device_ids,
+            output_device,
+            check_reduction,
             group_given=process_group is not None,
-        )  # fmt: skip
+        )
         self.module, self.process_group = module, process_group
         self.device_ids, self.output_device, self.dim = None, None, dim
         self.device = next(p for p in module.parameters() if p.requires_grad).device

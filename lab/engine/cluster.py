@@ -99,9 +99,13 @@ class Cluster:
             self.engines.create(self.run_id, self.image)
             for i in range(self.layout.nodes):
                 spec = container_spec(
-                    self.run_id, i, self.image, lifetime_s=self.lifetime_s,
-                    net_admin=self.net_admin, cpus=self.cpus.get(i),
-                )  # fmt: skip
+                    self.run_id,
+                    i,
+                    self.image,
+                    lifetime_s=self.lifetime_s,
+                    net_admin=self.net_admin,
+                    cpus=self.cpus.get(i),
+                )
                 container = self.engines.client(i).containers.create(**spec)
                 host = self.engines.host(i).name
                 self.nodes.append(NodeHandle(i, self.layout.ranks_of(i), container, host))

@@ -47,8 +47,9 @@ def require_same_image(members: list[tuple[Host, docker.DockerClient]], image: s
     first, client = members[0]
     require_image(client, image)
     want = image_id(client, image)
-    fix = (f"python -m lab image --no-build --tag {image} "
-           f"--hosts {hosts_arg([h for h, _ in members])}")  # fmt: skip
+    fix = (
+        f"python -m lab image --no-build --tag {image} --hosts {hosts_arg([h for h, _ in members])}"
+    )
     for host, other in members[1:]:
         got = image_id(other, image)
         if got is None:

@@ -60,10 +60,14 @@ class Engines:
         placed = hosts.layout(nodes)
         used = sorted(set(placed))
         self.members: list[tuple[Host, docker.DockerClient]] = [
-            (hosts.hosts[i], client if hosts.hosts[i].endpoint == LOCAL
-             else connect(endpoint=hosts.hosts[i].endpoint))
+            (
+                hosts.hosts[i],
+                client
+                if hosts.hosts[i].endpoint == LOCAL
+                else connect(endpoint=hosts.hosts[i].endpoint),
+            )
             for i in used
-        ]  # fmt: skip
+        ]
         self._member_of = [used.index(i) for i in placed]
         self.echo = echo
         self.swarm: SwarmScope | None = None
@@ -93,8 +97,10 @@ class Engines:
         image_id = require_same_image(self.members, image)
         engines = ", ".join(f"{h.name} {h.endpoint}" for h, _ in self.members)
         nodes = ", ".join(f"node{i} {self.host(i).name}" for i in range(len(self._member_of)))
-        self.echo(f"across {len(self.members)} engines ({engines}), image {image_id[7:19]} on "
-                  f"each; {nodes}")  # fmt: skip
+        self.echo(
+            f"across {len(self.members)} engines ({engines}), image {image_id[7:19]} on "
+            f"each; {nodes}"
+        )
         self.swarm = SwarmScope(self.members, echo=self.echo).__enter__()
         assert self.swarm.manager is not None
         self.swarm.manager.networks.create(**overlay_spec(run_id))

@@ -107,8 +107,12 @@ def requirements(root: Path = REPO_ROOT, extras: tuple[str, ...] = ()) -> list[s
             f"unknown extra {unknown[0]!r}: pyproject.toml offers {', '.join(sorted(optional))}"
         )
     extra_reqs = [req for e in extras for req in optional[e]]
-    return [*data["project"]["dependencies"], *extra_reqs, *data["build-system"]["requires"],
-            "wheel"]  # fmt: skip
+    return [
+        *data["project"]["dependencies"],
+        *extra_reqs,
+        *data["build-system"]["requires"],
+        "wheel",
+    ]
 
 
 def pip_download_command(
@@ -179,8 +183,11 @@ def build_image(
     ``extras`` are installed with the project and named in the image's ``lab.extras`` label."""
     if not (root / "docker" / "Dockerfile").is_file():
         raise LabError(f"no docker/Dockerfile under {root}; run lab image from a source checkout")
-    args = {"BASE_IMAGE": base_image, "TORCH_INDEX_URL": torch_index_url,
-            "EXTRAS": ",".join(extras)}  # fmt: skip
+    args = {
+        "BASE_IMAGE": base_image,
+        "TORCH_INDEX_URL": torch_index_url,
+        "EXTRAS": ",".join(extras),
+    }
     if wheelhouse is not None:
         args["WHEELHOUSE"] = wheelhouse.resolve().relative_to(root).as_posix()
     stream = client.api.build(

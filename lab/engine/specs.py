@@ -124,5 +124,14 @@ def launcher_argv(node: int, argvs: dict[int, list[str]], timeout_s: float) -> l
     """The in-container launcher (:mod:`lab.node`) running ``argvs`` (rank -> argv) on
     ``node``, each rank bounded by ``timeout_s``."""
     ranks = json.dumps({str(r): argv for r, argv in sorted(argvs.items())})
-    return ["python", "-m", "lab.node", "--node", str(node), "--ranks", ranks,
-            "--timeout", f"{timeout_s:g}"]  # fmt: skip
+    return [
+        "python",
+        "-m",
+        "lab.node",
+        "--node",
+        str(node),
+        "--ranks",
+        ranks,
+        "--timeout",
+        f"{timeout_s:g}",
+    ]

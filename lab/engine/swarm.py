@@ -52,8 +52,11 @@ class SwarmScope:
         # leaving keeps it: what was not there before goes again on the way out.
         self._bridge_before = [_has_gwbridge(c) for _, c in self.members]
         states = [(h, c, _state(c)) for h, c in self.members]
-        odd = [(h, s.get("LocalNodeState")) for h, _, s in states
-               if s.get("LocalNodeState") not in ("inactive", "active")]  # fmt: skip
+        odd = [
+            (h, s.get("LocalNodeState"))
+            for h, _, s in states
+            if s.get("LocalNodeState") not in ("inactive", "active")
+        ]
         if odd:
             host, state = odd[0]
             raise LabError(
@@ -114,8 +117,11 @@ class SwarmScope:
         want = {node_id for _, _, node_id in self.joined}
         deadline = time.monotonic() + _READY_S
         while want and time.monotonic() < deadline:
-            ready = {n.attrs["ID"] for n in self.manager.nodes.list()
-                     if n.attrs.get("Status", {}).get("State") == "ready"}  # fmt: skip
+            ready = {
+                n.attrs["ID"]
+                for n in self.manager.nodes.list()
+                if n.attrs.get("Status", {}).get("State") == "ready"
+            }
             want -= ready
             if want:
                 time.sleep(0.5)

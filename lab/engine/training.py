@@ -97,10 +97,24 @@ def torchrun_head(
     """torchrun's own flags, as strings so that a generated file can put its variables in
     (compose, swarm); ``Torchrun.argv`` fills them from validated values."""
     head = [
-        "torchrun", "--nnodes", nnodes, "--nproc-per-node", nproc_per_node,
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id,
-        "--rdzv-conf", rdzv_conf, "--max-restarts", max_restarts, "--monitor-interval", "1",
-    ]  # fmt: skip
+        "torchrun",
+        "--nnodes",
+        nnodes,
+        "--nproc-per-node",
+        nproc_per_node,
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        rdzv_id,
+        "--rdzv-conf",
+        rdzv_conf,
+        "--max-restarts",
+        max_restarts,
+        "--monitor-interval",
+        "1",
+    ]
     return head if local_addr is None else [*head, "--local-addr", local_addr]
 
 
@@ -149,7 +163,12 @@ class Torchrun:
         first node, or a store service), ``local_addr`` is how the other nodes reach this one
         (torchrun's default, the host's FQDN, may not resolve across containers)."""
         head = torchrun_head(
-            self.nnodes, str(self.procs_per_node), f"{host}:{self.port}", job,
-            str(self.max_restarts), f"join_timeout={self.join_timeout_s:g}", local_addr,
-        )  # fmt: skip
+            self.nnodes,
+            str(self.procs_per_node),
+            f"{host}:{self.port}",
+            job,
+            str(self.max_restarts),
+            f"join_timeout={self.join_timeout_s:g}",
+            local_addr,
+        )
         return [*head, "-m", "ddp", "train", *job_config(job, cfg).to_argv()]

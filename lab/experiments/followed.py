@@ -44,9 +44,14 @@ def train_to_end(
     finally:
         shown.close()
     check_finished(
-        job, running, where=where, output=cluster.run_dir / name, timeout_s=timeout_s,
-        slow_hint=slow_hint, broken_parity_ok=broken_parity_ok,
-    )  # fmt: skip
+        job,
+        running,
+        where=where,
+        output=cluster.run_dir / name,
+        timeout_s=timeout_s,
+        slow_hint=slow_hint,
+        broken_parity_ok=broken_parity_ok,
+    )
     return job
 
 

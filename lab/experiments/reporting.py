@@ -94,8 +94,9 @@ def report_sweep(
     out, why = _written(write_outputs, result)
     if out is None:
         if name:
-            report_failure(name, result.run_dir, f"the logs cannot give the figures: {why}",
-                           result.seconds)  # fmt: skip
+            report_failure(
+                name, result.run_dir, f"the logs cannot give the figures: {why}", result.seconds
+            )
         return 1
     lines = closing(result, out)
     for line in lines.table:

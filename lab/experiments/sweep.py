@@ -53,8 +53,15 @@ def sweep_cluster(
 ) -> Iterator[tuple[Cluster, R]]:
     """The run's cluster, started, and its result (``new_result(plan, run_id, run_dir)``),
     whose ``seconds`` it sets on the way out; ``header`` is the run's first line."""
-    cluster = Cluster(connect(), plan.layout, image=plan.image, lifetime_s=lifetime_s,
-                      net_admin=net_admin, cpus=cpus, echo=echo)  # fmt: skip
+    cluster = Cluster(
+        connect(),
+        plan.layout,
+        image=plan.image,
+        lifetime_s=lifetime_s,
+        net_admin=net_admin,
+        cpus=cpus,
+        echo=echo,
+    )
     result = new_result(plan, cluster.run_id, plan.runs_dir / cluster.run_id)
     cluster.run_dir = result.run_dir
     echo(header(result))
@@ -82,8 +89,10 @@ def run_sweep(
     then every job of ``plan.jobs(setting)`` run with ``run_job(cluster, plan, job, echo)``
     while the link holds, each followed by its ``describe(run, done, total)`` line."""
     lifetime_s = lifetime(plan.total, plan.run_timeout_s)
-    with sweep_cluster(plan, new_result, header, echo, lifetime_s=lifetime_s,
-                       cpus=cpus) as (cluster, result):  # fmt: skip
+    with sweep_cluster(plan, new_result, header, echo, lifetime_s=lifetime_s, cpus=cpus) as (
+        cluster,
+        result,
+    ):
         for setting in settings:
             with link(cluster, plan, setting, lifetime_s) as shaped:
                 if shaped.note:

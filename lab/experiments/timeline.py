@@ -21,8 +21,15 @@ from pathlib import Path
 
 from ddp.torchfree import RankLog, StepRecord
 
-__all__ = ["RankStep", "StepTimeline", "backward_pieces", "chrome_trace", "load_step",
-           "representative_step", "write_gantt"]  # fmt: skip
+__all__ = [
+    "RankStep",
+    "StepTimeline",
+    "backward_pieces",
+    "chrome_trace",
+    "load_step",
+    "representative_step",
+    "write_gantt",
+]
 
 
 @dataclass(frozen=True)
@@ -62,8 +69,9 @@ def representative_step(logs: Mapping[int, RankLog], warmup: int, where: str = "
         for r in log.steps:
             if r.step > warmup and _has_timeline(r):
                 by_step.setdefault(r.step, []).append(r)
-    complete = {s: max(r.step_ms for r in recs) for s, recs in by_step.items()
-                if len(recs) == len(logs)}  # fmt: skip
+    complete = {
+        s: max(r.step_ms for r in recs) for s, recs in by_step.items() if len(recs) == len(logs)
+    }
     if not complete:
         raise ValueError(f"{where}: no measured step with a timeline (t0, buckets_ms) on all ranks")
     median = statistics.median(complete.values())
@@ -142,8 +150,17 @@ def chrome_trace(timelines: list[StepTimeline]) -> dict:
         events.append(event)
 
     def span(name: str, pid: int, tid: int, a_ms: float, b_ms: float, **args: object) -> None:
-        events.append({"name": name, "ph": "X", "pid": pid, "tid": tid, "ts": a_ms * 1e3,
-                       "dur": max(b_ms - a_ms, 0.0) * 1e3, "args": args})  # fmt: skip
+        events.append(
+            {
+                "name": name,
+                "ph": "X",
+                "pid": pid,
+                "tid": tid,
+                "ts": a_ms * 1e3,
+                "dur": max(b_ms - a_ms, 0.0) * 1e3,
+                "args": args,
+            }
+        )
 
     for pid, tl in enumerate(timelines, start=1):
         meta("process_name", pid, None, name=f"{tl.title} (step {tl.step})")
@@ -155,17 +172,28 @@ def chrome_trace(timelines: list[StepTimeline]) -> dict:
             for name, a, b in _phases(r):
                 span(name, pid, compute, r.offset_ms + a, r.offset_ms + b, rank=rank)
             for name, a, b in backward_pieces(r) if tl.overlap else ():
-                span(f"backward {name}", pid, compute, r.offset_ms + a, r.offset_ms + b,
-                     rank=rank)  # fmt: skip
+                span(f"backward {name}", pid, compute, r.offset_ms + a, r.offset_ms + b, rank=rank)
             lanes = _lanes(r.buckets_ms)
             for lane in sorted(set(lanes)):
                 tid = compute + 1 + lane
-                meta("thread_name", pid, tid, name=f"rank {rank} allreduce" + (
-                    f" ({lane + 1})" if lane else ""))  # fmt: skip
+                meta(
+                    "thread_name",
+                    pid,
+                    tid,
+                    name=f"rank {rank} allreduce" + (f" ({lane + 1})" if lane else ""),
+                )
                 meta("thread_sort_index", pid, tid, sort_index=tid)
             for k, ((a, b), lane) in enumerate(zip(r.buckets_ms, lanes, strict=True)):
-                span(f"allreduce bucket {k}", pid, compute + 1 + lane, r.offset_ms + a,
-                     r.offset_ms + b, rank=rank, bucket=k, ms=round(b - a, 3))  # fmt: skip
+                span(
+                    f"allreduce bucket {k}",
+                    pid,
+                    compute + 1 + lane,
+                    r.offset_ms + a,
+                    r.offset_ms + b,
+                    rank=rank,
+                    bucket=k,
+                    ms=round(b - a, 3),
+                )
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
@@ -197,9 +225,13 @@ def write_gantt(path: Path, timelines: list[StepTimeline], suptitle: str = "") -
     if not timelines:
         raise ValueError("no timelines to draw")
     fig, axes = plt.subplots(
-        len(timelines), 1, figsize=(11, 1.4 + 1.6 * sum(len(t.ranks) for t in timelines) / 2),
-        dpi=110, sharex=True, squeeze=False,
-    )  # fmt: skip
+        len(timelines),
+        1,
+        figsize=(11, 1.4 + 1.6 * sum(len(t.ranks) for t in timelines) / 2),
+        dpi=110,
+        sharex=True,
+        squeeze=False,
+    )
     end = max(t.end_ms for t in timelines)
     for ax, tl in zip(axes[:, 0], timelines, strict=True):
         ticks, labels = [], []
@@ -218,10 +250,19 @@ def write_gantt(path: Path, timelines: list[StepTimeline], suptitle: str = "") -
                 ax.broken_barh(
                     [(r.offset_ms + a, max(b - a, end * 0.002))],
                     (y - 0.66 + lane * height, height * 0.9),
-                    color=_COLORS[_ALLREDUCE], edgecolor="black", linewidth=0.3,
-                )  # fmt: skip
-                _label(ax, f"b{k}", r.offset_ms + a, b - a, y - 0.66 + (lane + 0.45) * height,
-                       end, "black")  # fmt: skip
+                    color=_COLORS[_ALLREDUCE],
+                    edgecolor="black",
+                    linewidth=0.3,
+                )
+                _label(
+                    ax,
+                    f"b{k}",
+                    r.offset_ms + a,
+                    b - a,
+                    y - 0.66 + (lane + 0.45) * height,
+                    end,
+                    "black",
+                )
             ticks.append(y - 0.18)
             labels.append(f"rank {rank}")
         ax.set_yticks(ticks, labels)

@@ -33,9 +33,11 @@ class Kill(Fault):
         self.detail = "docker kill"
         try:  # only a finer timestamp: the fault itself is done
             events = container.client.events(
-                since=began - 1.0, until=time.time() + 0.05, decode=True,
+                since=began - 1.0,
+                until=time.time() + 0.05,
+                decode=True,
                 filters={"container": container.id, "event": "kill"},
-            )  # fmt: skip
+            )
             sent = [e["timeNano"] / 1e9 for e in events if e["timeNano"] / 1e9 >= began - 0.01]
         except docker.errors.DockerException:
             sent = []

@@ -246,8 +246,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--queue", type=int, default=0, help="NFQUEUE number to bind (default 0)")
     p.add_argument("--delay-ms", type=float, required=True, help="delay per packet, ms")
     p.add_argument("--jitter-ms", type=float, default=0.0, help="random part of the delay, ms")
-    p.add_argument("--distribution", choices=DISTRIBUTIONS, default="uniform",
-                   help="of the jitter: uniform in [-J, J], or normal with sd J")  # fmt: skip
+    p.add_argument(
+        "--distribution",
+        choices=DISTRIBUTIONS,
+        default="uniform",
+        help="of the jitter: uniform in [-J, J], or normal with sd J",
+    )
     p.add_argument("--loss-pct", type=float, default=0.0, help="drop this percentage of packets")
     p.add_argument("--seed", type=int, default=None, help="of the jitter and loss draws")
     p.add_argument("--duration", type=float, default=None, help="stop by itself after S seconds")
@@ -263,9 +267,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.monotonic()
     until = start + args.duration if args.duration is not None else None
     delayer = Delayer(
-        args.queue, args.delay_ms, jitter_ms=args.jitter_ms, distribution=args.distribution,
-        loss_pct=args.loss_pct, seed=args.seed,
-    )  # fmt: skip
+        args.queue,
+        args.delay_ms,
+        jitter_ms=args.jitter_ms,
+        distribution=args.distribution,
+        loss_pct=args.loss_pct,
+        seed=args.seed,
+    )
     try:
         with delayer:
             if args.pidfile:

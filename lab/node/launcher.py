@@ -122,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         code = TIMED_OUT if timed_out else os.waitstatus_to_exitcode(status)
         state.procs[rank].returncode = code
         pumps[rank].join()  # the rank's last lines come before its exit record
-        record = ExitRecord(code, round(usage.ru_utime + usage.ru_stime, 3),
-                            round(usage.ru_maxrss / 1024, 1))  # fmt: skip
+        record = ExitRecord(
+            code, round(usage.ru_utime + usage.ru_stime, 3), round(usage.ru_maxrss / 1024, 1)
+        )
         with out_lock:
             print(format_line(args.node, rank, record.body()), flush=True)
         worst = worst or code

@@ -40,9 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, help="how many workers to wait for")
     p.add_argument("--min", default="", help="enough workers for an elastic job (default --count)")
     p.add_argument(
-        "--grace", type=float, default=60.0,
+        "--grace",
+        type=float,
+        default=60.0,
         help="with --min: seconds to wait for the rest once --min reported (default 60)",
-    )  # fmt: skip
+    )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds at most (default 900)")
     p.add_argument("--report", metavar="HOST:PORT", help="a worker: report to this store")
     p.add_argument("--name", help="--report: the worker's name (e.g. its hostname)")
@@ -61,9 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed import TCPStore
 
     store = TCPStore(
-        "0.0.0.0", args.port, is_master=True, wait_for_workers=False,
+        "0.0.0.0",
+        args.port,
+        is_master=True,
+        wait_for_workers=False,
         timeout=timedelta(seconds=args.timeout),
-    )  # fmt: skip
+    )
     print(f"rendezvous store listening on port {args.port}", flush=True)
     deadline, last_call = time.monotonic() + args.timeout, math.inf
     while time.monotonic() < deadline:

@@ -12,12 +12,26 @@ from lab.report.results import Results, sweep_results
 
 __all__ = ["compress_results"]
 
-_HEADERS = ("rate Mbit/s", "hook", "median step ms", "per round", "speedup vs none",
-            "wire MB/step", "sent MB/job", "final loss", "vs exact", "vs none", "max|dparam|",
-            "replicas")  # fmt: skip
-_FILES = [("compress.txt", "the table and the crossover"), ("compress.csv", "the table"),
-          ("compress.json", "settings, definitions, links, every job"),
-          ("trace.json", "Chrome trace of each hook's representative step")]  # fmt: skip
+_HEADERS = (
+    "rate Mbit/s",
+    "hook",
+    "median step ms",
+    "per round",
+    "speedup vs none",
+    "wire MB/step",
+    "sent MB/job",
+    "final loss",
+    "vs exact",
+    "vs none",
+    "max|dparam|",
+    "replicas",
+)
+_FILES = [
+    ("compress.txt", "the table and the crossover"),
+    ("compress.csv", "the table"),
+    ("compress.json", "settings, definitions, links, every job"),
+    ("trace.json", "Chrome trace of each hook's representative step"),
+]
 
 
 def _pays(c: Any) -> str:
@@ -31,25 +45,70 @@ def _pays(c: Any) -> str:
 def compress_results(result: Any, out: Any, broken: str) -> Results:
     from lab.experiments.compress.text import crossover_line
 
-    rows = [[r.rate_mbit, r.hook, r.median_step_ms, "/".join(f"{m:.0f}" for m in
-             r.round_step_ms), r.speedup_vs_none, r.wire_mb, r.job_sent_mb, r.final_loss,
-             r.loss_vs_exact, r.loss_vs_none, r.max_param_diff,
-             "identical" if r.parity else "DIVERGED"] for r in out.rows]  # fmt: skip
-    links = [[lk.rate_mbit, lk.shaper, lk.measured_mbit, lk.rtt_p50_ms, lk.baseline_rtt_p50_ms,
-              lk.line] for lk in result.links]  # fmt: skip
+    rows = [
+        [
+            r.rate_mbit,
+            r.hook,
+            r.median_step_ms,
+            "/".join(f"{m:.0f}" for m in r.round_step_ms),
+            r.speedup_vs_none,
+            r.wire_mb,
+            r.job_sent_mb,
+            r.final_loss,
+            r.loss_vs_exact,
+            r.loss_vs_none,
+            r.max_param_diff,
+            "identical" if r.parity else "DIVERGED",
+        ]
+        for r in out.rows
+    ]
+    links = [
+        [lk.rate_mbit, lk.shaper, lk.measured_mbit, lk.rtt_p50_ms, lk.baseline_rtt_p50_ms, lk.line]
+        for lk in result.links
+    ]
     problems: list[str] = []
     plan = result.plan
     sections = [
-        Section("Per rate and hook", [Table(_HEADERS, rows, f"{plan.nodes} ranks, model "
-                                            f"{plan.train.model}; medians over the rounds")]),
+        Section(
+            "Per rate and hook",
+            [
+                Table(
+                    _HEADERS,
+                    rows,
+                    f"{plan.nodes} ranks, model {plan.train.model}; medians over the rounds",
+                )
+            ],
+        ),
         Section("Crossover", [Text([crossover_line(c) for c in out.crossovers])]),
         figures_section(result.run_dir, [("compress.png", "step time and price per rate")]),
-        Section("Links, as the probe measured them", [Table(("rate Mbit/s", "shaper",
-                "measured Mbit/s", "rtt p50 ms", "unshaped p50 ms", "probe"), links)]),
+        Section(
+            "Links, as the probe measured them",
+            [
+                Table(
+                    (
+                        "rate Mbit/s",
+                        "shaper",
+                        "measured Mbit/s",
+                        "rtt p50 ms",
+                        "unshaped p50 ms",
+                        "probe",
+                    ),
+                    links,
+                )
+            ],
+        ),
         ranks_section(result.run_dir, {r.job: r.codes for r in result.runs}, problems),
-    ]  # fmt: skip
+    ]
     figure = "; ".join(_pays(c) for c in out.crossovers if c.hook != "none")
     verdict = broken or "replicas identical in every job"
     configs = {f"{r.rate_mbit:g} Mbit/s, {r.hook}": r.median_step_ms for r in out.rows}
-    return sweep_results("compress", result, sections, problems, (verdict, figure, not broken),
-                         configs, _FILES, [r.job for r in result.runs])  # fmt: skip
+    return sweep_results(
+        "compress",
+        result,
+        sections,
+        problems,
+        (verdict, figure, not broken),
+        configs,
+        _FILES,
+        [r.job for r in result.runs],
+    )

@@ -34,8 +34,11 @@ def _diagnoses(run_dir: Path, jobs: list[str]) -> list[tuple[str, str]]:
     found = []
     for job in jobs:
         logs, _ = job_logs(run_dir, job)
-        found += [(f"{job}, rank {r}", log.failure.message)
-                  for r, log in sorted(logs.items()) if log.failure]  # fmt: skip
+        found += [
+            (f"{job}, rank {r}", log.failure.message)
+            for r, log in sorted(logs.items())
+            if log.failure
+        ]
         try:
             dumps = load_dumps(Path(run_dir) / job / "logs" / "flight")
         except (OSError, ValueError, LogError):
@@ -62,8 +65,13 @@ def failure_report(
     if found:
         sections.append(Section("Diagnosis", [Text([f"{w}: {t}" for w, t in found], pre=True)]))
     sections.append(ranks_section(run_dir, {job: {} for job in jobs}, problems))
-    page = Page(f"lab {name}: run {run_id}", Headline(command, f"failed: {error}", figure,
-                False), sections, problems=problems)  # fmt: skip
-    summary = RunSummary(name, run_id, command, started_at(seconds), seconds, figure,
-                         f"failed: {error}", False)  # fmt: skip
+    page = Page(
+        f"lab {name}: run {run_id}",
+        Headline(command, f"failed: {error}", figure, False),
+        sections,
+        problems=problems,
+    )
+    summary = RunSummary(
+        name, run_id, command, started_at(seconds), seconds, figure, f"failed: {error}", False
+    )
     return page, summary, jobs

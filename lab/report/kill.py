@@ -15,10 +15,20 @@ from lab.report.summary import RunSummary, started_at
 
 __all__ = ["kill_results", "torchrun_kill_results"]
 
-_HEADINGS = ("rank", "node", "role", "stuck in (collective, step, seq)", "waited in it",
-             "noticed after fault", "what it saw", "exit code")  # fmt: skip
-_FILES = [("report.json", "the plan, the injection, every phase's exits, the checks"),
-          ("fault/logs/flight/", "the fault phase's flight recorder dumps")]  # fmt: skip
+_HEADINGS = (
+    "rank",
+    "node",
+    "role",
+    "stuck in (collective, step, seq)",
+    "waited in it",
+    "noticed after fault",
+    "what it saw",
+    "exit code",
+)
+_FILES = [
+    ("report.json", "the plan, the injection, every phase's exits, the checks"),
+    ("fault/logs/flight/", "the fault phase's flight recorder dumps"),
+]
 
 
 def _finish(
@@ -30,10 +40,22 @@ def _finish(
     problems: list[str] = []
     phases = {name: dict(codes) for name, codes in _phase_codes(result).items()}
     sections = [*sections, ranks_section(result.run_dir, phases, problems)]
-    page = Page(f"lab kill: run {result.run_id}", Headline(command, verdict, figure, ok),
-                sections, problems=problems)  # fmt: skip
-    summary = RunSummary("kill", result.run_id, command, started_at(result.seconds),
-                         result.seconds, figure, verdict, ok)  # fmt: skip
+    page = Page(
+        f"lab kill: run {result.run_id}",
+        Headline(command, verdict, figure, ok),
+        sections,
+        problems=problems,
+    )
+    summary = RunSummary(
+        "kill",
+        result.run_id,
+        command,
+        started_at(result.seconds),
+        result.seconds,
+        figure,
+        verdict,
+        ok,
+    )
     return Results(page, summary, _FILES[:files], list(phases))
 
 
@@ -46,14 +68,20 @@ def _phase_codes(result: Any) -> dict[str, dict[int, int]]:
 def kill_results(result: Any, summary: Any) -> Results:
     """``summary``: the run's :class:`lab.experiments.kill.summary.Summary`."""
     report, recovery = summary.report, summary.recovery
-    timeline = Table(("s since the fault phase started", "event"),
-                     [[f"{t:+.2f}", what] for t, what in report.timeline])  # fmt: skip
+    timeline = Table(
+        ("s since the fault phase started", "event"),
+        [[f"{t:+.2f}", what] for t, what in report.timeline],
+    )
     sections = [
         Section("Timeline of the fault phase", [timeline]),
-        Section("Ranks in the fault phase",
-                [Table(_HEADINGS, [r.cells() for r in report.rows]),
-                 Text([f"note: {n}" for n in report.notes])]),
-    ]  # fmt: skip
+        Section(
+            "Ranks in the fault phase",
+            [
+                Table(_HEADINGS, [r.cells() for r in report.rows]),
+                Text([f"note: {n}" for n in report.notes]),
+            ],
+        ),
+    ]
     verdict = report.last_line
     if recovery is not None:
         sections.append(Section("Recovery", [Text([*recovery.details, recovery.last_line])]))
@@ -66,17 +94,21 @@ def kill_results(result: Any, summary: Any) -> Results:
 def torchrun_kill_results(result: Any, verdict: Any) -> Results:
     """``verdict``: the run's :class:`lab.experiments.kill.torchrun_analysis.Verdict`."""
     at = "" if verdict.fault_at_s is None else f"; the fault came {verdict.fault_at_s:.2f} s in"
-    checks = Table(("check", "what"), [["ok" if c.ok else "FAIL", c.text]
-                                       for c in verdict.checks])  # fmt: skip
-    shas = Table(("rank", "uninterrupted sha256", "restarted sha256", "equal"),
-                 [[r, a or "-", b or "-", a is not None and a == b]
-                  for r, (a, b) in sorted(verdict.shas.items())])  # fmt: skip
+    checks = Table(("check", "what"), [["ok" if c.ok else "FAIL", c.text] for c in verdict.checks])
+    shas = Table(
+        ("rank", "uninterrupted sha256", "restarted sha256", "equal"),
+        [
+            [r, a or "-", b or "-", a is not None and a == b]
+            for r, (a, b) in sorted(verdict.shas.items())
+        ],
+    )
     sections = [
-        Section(f"Restart timeline (seconds from the fault{at})",
-                [Text(verdict.timeline, pre=True)]),
+        Section(
+            f"Restart timeline (seconds from the fault{at})", [Text(verdict.timeline, pre=True)]
+        ),
         Section("Checks", [checks]),
         Section("Final parameters", [shas]),
-    ]  # fmt: skip
+    ]
     restarted = ", ".join(f"rank {r} after step {s}" for r, s in sorted(verdict.restarted.items()))
     figure = f"restarted: {restarted}" if restarted else "no worker restarted"
     return _finish(result, sections, verdict.recovered.line, figure, verdict.ok, files=1)

@@ -12,11 +12,21 @@ from lab.report.results import Results, ratio_text, sweep_results
 
 __all__ = ["latency_results"]
 
-_ROW_HEADERS = ("delay ms", "configuration", "allreduce/step", "median step ms",
-                "exposed comm ms", "speedup vs per-param", "parity", "steps measured")  # fmt: skip
-_FILES = [("latency.csv", "the table, one row per delay and configuration"),
-          ("latency.json", "settings, definitions, links, every run"),
-          ("trace.json", "Chrome trace of every configuration's representative step")]  # fmt: skip
+_ROW_HEADERS = (
+    "delay ms",
+    "configuration",
+    "allreduce/step",
+    "median step ms",
+    "exposed comm ms",
+    "speedup vs per-param",
+    "parity",
+    "steps measured",
+)
+_FILES = [
+    ("latency.csv", "the table, one row per delay and configuration"),
+    ("latency.json", "settings, definitions, links, every run"),
+    ("trace.json", "Chrome trace of every configuration's representative step"),
+]
 
 
 def _figure(headlines: list[Any]) -> str:
@@ -31,44 +41,80 @@ def _figure(headlines: list[Any]) -> str:
 def _timings(timings: list[Any]) -> list[Table]:
     tables = []
     for t in timings:
-        rows = [[b.bucket, b.compute_ms, b.launch_ms, b.comm_ms, b.after_backward_ms]
-                for b in t.buckets]  # fmt: skip
-        caption = (f"{t.config}: forward {t.forward_ms:.1f} ms, backward {t.backward_ms:.1f} ms,"
-                   f" step {t.step_ms:.1f} ms (medians over {t.samples} rank-steps)")  # fmt: skip
-        tables.append(Table(("bucket", "compute ms", "launch ms", "allreduce ms",
-                             "after backward ms"), rows, caption))  # fmt: skip
+        rows = [
+            [b.bucket, b.compute_ms, b.launch_ms, b.comm_ms, b.after_backward_ms] for b in t.buckets
+        ]
+        caption = (
+            f"{t.config}: forward {t.forward_ms:.1f} ms, backward {t.backward_ms:.1f} ms,"
+            f" step {t.step_ms:.1f} ms (medians over {t.samples} rank-steps)"
+        )
+        tables.append(
+            Table(
+                ("bucket", "compute ms", "launch ms", "allreduce ms", "after backward ms"),
+                rows,
+                caption,
+            )
+        )
     return tables
 
 
 def _links(links: list[Any]) -> Table:
-    rows = [[lk.ms, lk.shaper, lk.rtt_p50_ms, lk.rtt_p90_ms, lk.baseline_p50_ms, lk.line]
-            for lk in links]  # fmt: skip
-    return Table(("delay ms", "shaper", "rtt p50 ms", "rtt p90 ms", "unshaped p50 ms",
-                  "probe"), rows)  # fmt: skip
+    rows = [
+        [lk.ms, lk.shaper, lk.rtt_p50_ms, lk.rtt_p90_ms, lk.baseline_p50_ms, lk.line]
+        for lk in links
+    ]
+    return Table(
+        ("delay ms", "shaper", "rtt p50 ms", "rtt p90 ms", "unshaped p50 ms", "probe"), rows
+    )
 
 
 def latency_results(result: Any, out: Any, broken: str) -> Results:
     """``out``: the sweep's Outputs; ``broken``: what broke ("" when parity held)."""
     from lab.experiments.latency.text import headline_line, overlap_by_cap_line
 
-    rows = [[r.ms, r.config, r.calls, r.median_step_ms, r.exposed_comm_ms,
-             r.speedup_vs_per_parameter, r.parity_text, r.steps_measured]
-            for r in out.rows]  # fmt: skip
+    rows = [
+        [
+            r.ms,
+            r.config,
+            r.calls,
+            r.median_step_ms,
+            r.exposed_comm_ms,
+            r.speedup_vs_per_parameter,
+            r.parity_text,
+            r.steps_measured,
+        ]
+        for r in out.rows
+    ]
     lines = [overlap_by_cap_line(out.rows, h.ms) for h in out.headlines]
     lines += [headline_line(h) for h in out.headlines]
     problems: list[str] = []
     sections = [
         Section("Step time per configuration", [Table(_ROW_HEADERS, rows), Text(lines)]),
         Section("Per bucket (the Gantt chart's pair, round 1)", _timings(out.timings)),
-        figures_section(result.run_dir, [("latency.png", "median step time vs bucket cap"),
-                                         ("gantt.png", "one step, overlap on vs off")]),
+        figures_section(
+            result.run_dir,
+            [
+                ("latency.png", "median step time vs bucket cap"),
+                ("gantt.png", "one step, overlap on vs off"),
+            ],
+        ),
         Section("Links, as the probe measured them", [_links(result.links)]),
         ranks_section(result.run_dir, {run.job: run.codes for run in result.runs}, problems),
-    ]  # fmt: skip
+    ]
     verdict = broken or "parity holds in every allreduce configuration"
     figure = _figure(out.headlines)
     # a two-phase run has a floor in each phase: the phase keeps the keys apart
-    configs = {", ".join(filter(None, (f"{r.ms:g} ms", r.phase, r.config))): r.median_step_ms
-               for r in out.rows}  # fmt: skip
-    return sweep_results("latency", result, sections, problems, (verdict, figure, not broken),
-                         configs, _FILES, [run.job for run in result.runs])  # fmt: skip
+    configs = {
+        ", ".join(filter(None, (f"{r.ms:g} ms", r.phase, r.config))): r.median_step_ms
+        for r in out.rows
+    }
+    return sweep_results(
+        "latency",
+        result,
+        sections,
+        problems,
+        (verdict, figure, not broken),
+        configs,
+        _FILES,
+        [run.job for run in result.runs],
+    )

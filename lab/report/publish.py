@@ -36,8 +36,10 @@ def _links(run_dir: Path, files: Sequence[tuple[str, str]], jobs: Sequence[str])
     for job in jobs:
         if (Path(run_dir) / job).is_dir():
             links.append(Link(f"{job}/logs/", f"job {job}: rank<R>.jsonl, the typed records"))
-            links += [Link(f"{job}/{p.name}", "a node's output")
-                      for p in sorted((Path(run_dir) / job).glob("node*.log"))]  # fmt: skip
+            links += [
+                Link(f"{job}/{p.name}", "a node's output")
+                for p in sorted((Path(run_dir) / job).glob("node*.log"))
+            ]
     return links
 
 
@@ -61,8 +63,13 @@ def publish(
         lines.append(TB_MISSING)
     page.links = [*page.links, *_links(run_dir, files, jobs)]
     if scalars:
-        page.links.append(Link(f"{TB_DIR}/", f"TensorBoard scalars of {len(scalars)} jobs: "
-                               f"tensorboard --logdir {run_dir / TB_DIR}"))  # fmt: skip
+        page.links.append(
+            Link(
+                f"{TB_DIR}/",
+                f"TensorBoard scalars of {len(scalars)} jobs: "
+                f"tensorboard --logdir {run_dir / TB_DIR}",
+            )
+        )
     try:
         path = write_page(page, run_dir)
         write_summary(run_dir, summary)

@@ -43,8 +43,21 @@ def sweep_results(
     (verdict, key figure, ok): both say the same command, verdict and figure."""
     verdict, figure, ok = headline
     command = command_line(name)
-    page = Page(f"lab {name}: run {result.run_id}", Headline(command, verdict, figure, ok),
-                list(sections), problems=problems)  # fmt: skip
-    summary = RunSummary(name, result.run_id, command, started_at(result.seconds),
-                         result.seconds, figure, verdict, ok, configs)  # fmt: skip
+    page = Page(
+        f"lab {name}: run {result.run_id}",
+        Headline(command, verdict, figure, ok),
+        list(sections),
+        problems=problems,
+    )
+    summary = RunSummary(
+        name,
+        result.run_id,
+        command,
+        started_at(result.seconds),
+        result.seconds,
+        figure,
+        verdict,
+        ok,
+        configs,
+    )
     return Results(page, summary, list(files), list(jobs))

@@ -15,9 +15,14 @@ from lab.report.summary import RunSummary, read_summary
 __all__ = ["RunEntry", "find_run", "scan_runs"]
 
 # An experiment's own files, for naming the experiment of a run without a summary.
-_MARKERS = {"latency.json": "latency", "straggler.json": "straggler",
-            "compress.json": "compress", "report.json": "kill", "topology.yaml": "up",
-            "bench.json": "ddp.bench"}  # fmt: skip
+_MARKERS = {
+    "latency.json": "latency",
+    "straggler.json": "straggler",
+    "compress.json": "compress",
+    "report.json": "kill",
+    "topology.yaml": "up",
+    "bench.json": "ddp.bench",
+}
 
 
 @dataclass
@@ -65,9 +70,17 @@ def _bench_summary(path: Path) -> RunSummary:
     verdict = f"targets not met: {'; '.join(missed)}" if missed else "every target met"
     started = datetime.fromtimestamp((path / "bench.json").stat().st_mtime)
     configs = {k: float(v) for k, v in doc.get("medians_ms", {}).get("multi", {}).items()}
-    return RunSummary("ddp.bench", path.name, str(doc["command"]),
-                      started.isoformat(timespec="seconds"), 0.0, figure, verdict,
-                      not missed, configs)  # fmt: skip
+    return RunSummary(
+        "ddp.bench",
+        path.name,
+        str(doc["command"]),
+        started.isoformat(timespec="seconds"),
+        0.0,
+        figure,
+        verdict,
+        not missed,
+        configs,
+    )
 
 
 def _entry(path: Path) -> RunEntry:
@@ -100,6 +113,8 @@ def find_run(runs_dir: Path, run_id: str) -> RunEntry:
     if len(matches) == 1:
         return matches[0]
     if matches:
-        raise ValueError(f"run id {run_id!r} is ambiguous in {runs_dir}/: "
-                         f"{', '.join(e.run_id for e in matches[:5])}")  # fmt: skip
+        raise ValueError(
+            f"run id {run_id!r} is ambiguous in {runs_dir}/: "
+            f"{', '.join(e.run_id for e in matches[:5])}"
+        )
     raise ValueError(f"no run {run_id!r} in {runs_dir}/ (python -m lab runs lists them)")

@@ -25,8 +25,10 @@ def _state(e: RunEntry) -> str:
 
 def _columns(rows: Sequence[Sequence[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return ["  ".join([*(c.ljust(w) for c, w in zip(r, widths, strict=False)), r[-1]]).rstrip()
-            for r in rows]  # fmt: skip
+    return [
+        "  ".join([*(c.ljust(w) for c, w in zip(r, widths, strict=False)), r[-1]]).rstrip()
+        for r in rows
+    ]
 
 
 def list_lines(entries: Sequence[RunEntry], runs_dir: str) -> list[str]:
@@ -36,9 +38,16 @@ def list_lines(entries: Sequence[RunEntry], runs_dir: str) -> list[str]:
     rows = [["run id", "experiment", "started", "took", "figure", "verdict"]]
     for e in entries:
         s = e.summary
-        rows.append([e.run_id, e.experiment, s.started.replace("T", " ") if s else "-",
-                     _took(s.seconds) if s else "-", (s.figure or "-") if s else "-",
-                     _state(e)])  # fmt: skip
+        rows.append(
+            [
+                e.run_id,
+                e.experiment,
+                s.started.replace("T", " ") if s else "-",
+                _took(s.seconds) if s else "-",
+                (s.figure or "-") if s else "-",
+                _state(e),
+            ]
+        )
     return _columns(rows)
 
 
@@ -47,9 +56,13 @@ def show_lines(e: RunEntry) -> list[str]:
     s = e.summary
     if s is None:
         return [f"{e.run_id} ({e.experiment}): {_state(e)}", f"folder: {e.path}"]
-    lines = [f"run {s.run_id} ({s.experiment}), started {s.started.replace('T', ' ')}, "
-             f"took {_took(s.seconds)}", f"command: {s.command}",
-             f"figure: {s.figure or '-'}", f"verdict: {_state(e)}"]  # fmt: skip
+    lines = [
+        f"run {s.run_id} ({s.experiment}), started {s.started.replace('T', ' ')}, "
+        f"took {_took(s.seconds)}",
+        f"command: {s.command}",
+        f"figure: {s.figure or '-'}",
+        f"verdict: {_state(e)}",
+    ]
     if s.configs:
         rows = [["configuration", "median step ms"]]
         rows += [[name, f"{ms:.1f}"] for name, ms in s.configs.items()]
@@ -68,8 +81,14 @@ def compare_lines(a: RunEntry, b: RunEntry) -> list[str]:
     rows = [["configuration", f"{a.run_id} ms", f"{b.run_id} ms", "ratio"]]
     for name in names:
         x, y = sa.configs.get(name), sb.configs.get(name)
-        rows.append([name, "-" if x is None else f"{x:.1f}", "-" if y is None else f"{y:.1f}",
-                     f"{y / x:.2f}x" if x and y is not None else "-"])  # fmt: skip
+        rows.append(
+            [
+                name,
+                "-" if x is None else f"{x:.1f}",
+                "-" if y is None else f"{y:.1f}",
+                f"{y / x:.2f}x" if x and y is not None else "-",
+            ]
+        )
     both = sum(1 for n in names if n in sa.configs and n in sb.configs)
     head = [
         f"{sa.experiment}: {a.run_id} ({sa.figure or '-'}) vs {b.run_id} "

@@ -12,11 +12,21 @@ from lab.report.results import Results, sweep_results
 
 __all__ = ["straggler_results"]
 
-_HEADERS = ("rank", "compute ms", "waiting ms", "step ms", "baseline step ms", "vs baseline",
-            "baseline compute ms", "baseline waiting ms")  # fmt: skip
-_FILES = [("straggler.csv", "the per-rank table"),
-          ("straggler.json", "settings, definitions, every figure"),
-          ("trace.json", "Chrome trace of one step of each job")]  # fmt: skip
+_HEADERS = (
+    "rank",
+    "compute ms",
+    "waiting ms",
+    "step ms",
+    "baseline step ms",
+    "vs baseline",
+    "baseline compute ms",
+    "baseline waiting ms",
+)
+_FILES = [
+    ("straggler.csv", "the per-rank table"),
+    ("straggler.json", "settings, definitions, every figure"),
+    ("trace.json", "Chrome trace of one step of each job"),
+]
 
 
 def straggler_results(result: Any, out: Any, broken: str) -> Results:
@@ -24,26 +34,59 @@ def straggler_results(result: Any, out: Any, broken: str) -> Results:
     from lab.experiments.straggler.text import headline_line
 
     plan, s = result.plan, out.summary
-    rows = [[f"{r.rank} (slow)" if r.straggler else r.rank, r.compute_ms, r.waiting_ms,
-             r.step_ms, r.baseline_step_ms, f"{r.vs_baseline:.2f}x", r.baseline_compute_ms,
-             r.baseline_waiting_ms] for r in s.rows]  # fmt: skip
-    rows.append(["job step", "", "", s.job_step_ms, s.baseline_job_step_ms, f"{s.job_x:.2f}x",
-                 "", ""])  # fmt: skip
+    rows = [
+        [
+            f"{r.rank} (slow)" if r.straggler else r.rank,
+            r.compute_ms,
+            r.waiting_ms,
+            r.step_ms,
+            r.baseline_step_ms,
+            f"{r.vs_baseline:.2f}x",
+            r.baseline_compute_ms,
+            r.baseline_waiting_ms,
+        ]
+        for r in s.rows
+    ]
+    rows.append(
+        ["job step", "", "", s.job_step_ms, s.baseline_job_step_ms, f"{s.job_x:.2f}x", "", ""]
+    )
     problems: list[str] = []
     jobs = [BASELINE_JOB, SLOWED_JOB]
     sections = [
-        Section("Per rank, slowed vs the unslowed baseline",
-                [Table(_HEADERS, rows, f"{plan.describe()}; medians over the measured steps"),
-                 Text([headline_line(s, plan.rank, cpu=plan.quota is not None)])]),
-        figures_section(result.run_dir, [("gantt.png", "one step: unslowed above, slowed "
-                                          "below; yellow after backward = waiting")]),
-        Section("The slow link, as the probe measured it",
-                [Text(result.link_lines or ["no link was shaped"], pre=True)]),
-        ranks_section(result.run_dir, {j: result.jobs[j].codes for j in jobs
-                                       if j in result.jobs}, problems),
-    ]  # fmt: skip
+        Section(
+            "Per rank, slowed vs the unslowed baseline",
+            [
+                Table(_HEADERS, rows, f"{plan.describe()}; medians over the measured steps"),
+                Text([headline_line(s, plan.rank, cpu=plan.quota is not None)]),
+            ],
+        ),
+        figures_section(
+            result.run_dir,
+            [
+                (
+                    "gantt.png",
+                    "one step: unslowed above, slowed below; yellow after backward = waiting",
+                )
+            ],
+        ),
+        Section(
+            "The slow link, as the probe measured it",
+            [Text(result.link_lines or ["no link was shaped"], pre=True)],
+        ),
+        ranks_section(
+            result.run_dir, {j: result.jobs[j].codes for j in jobs if j in result.jobs}, problems
+        ),
+    ]
     figure = f"every rank's step {s.job_x:.1f}x with rank {plan.rank} slowed"
     verdict = broken or "parity holds in both jobs"
     configs = {"baseline": s.baseline_job_step_ms, "slowed": s.job_step_ms}
-    return sweep_results("straggler", result, sections, problems, (verdict, figure, not broken),
-                         configs, _FILES, jobs)  # fmt: skip
+    return sweep_results(
+        "straggler",
+        result,
+        sections,
+        problems,
+        (verdict, figure, not broken),
+        configs,
+        _FILES,
+        jobs,
+    )

@@ -13,10 +13,21 @@ from lab.report.results import Results, sweep_results
 
 __all__ = ["topology_results"]
 
-_HEADERS = ("configuration", "median step ms", "per round", "cross-node MB/step", "buckets",
-            "speedup vs torch", "max|dparam|", "parity")  # fmt: skip
-_FILES = [("topology.txt", "the table and the headline"), ("topology.csv", "the table"),
-          ("topology.json", "settings, definitions, the link, every job")]  # fmt: skip
+_HEADERS = (
+    "configuration",
+    "median step ms",
+    "per round",
+    "cross-node MB/step",
+    "buckets",
+    "speedup vs torch",
+    "max|dparam|",
+    "parity",
+)
+_FILES = [
+    ("topology.txt", "the table and the headline"),
+    ("topology.csv", "the table"),
+    ("topology.json", "settings, definitions, the link, every job"),
+]
 
 
 def _cell(value: float | None) -> object:
@@ -27,23 +38,51 @@ def topology_results(result: Any, out: Any, broken: str) -> Results:
     from lab.experiments.topology.text import headline_line
 
     plan = result.plan
-    rows = [[r.label, r.median_step_ms, "/".join(f"{m:.0f}" for m in r.round_step_ms),
-             _cell(r.cross_mb_per_step), _cell(r.buckets), _cell(r.speedup_vs_torch),
-             _cell(r.max_param_diff), "holds" if r.parity else "BROKEN"]
-            for r in out.rows]  # fmt: skip
+    rows = [
+        [
+            r.label,
+            r.median_step_ms,
+            "/".join(f"{m:.0f}" for m in r.round_step_ms),
+            _cell(r.cross_mb_per_step),
+            _cell(r.buckets),
+            _cell(r.speedup_vs_torch),
+            _cell(r.max_param_diff),
+            "holds" if r.parity else "BROKEN",
+        ]
+        for r in out.rows
+    ]
     links = [[lk.shaper, lk.line, lk.note] for lk in result.links]
     problems: list[str] = []
     where = f"{plan.layout.describe()}, {plan.link_text} between nodes, model {plan.train.model}"
     sections = [
-        Section("Per configuration", [Table(_HEADERS, rows, f"{where}; medians over the rounds; "
-                                            "cross-node bytes from each node's eth0 counters")]),
+        Section(
+            "Per configuration",
+            [
+                Table(
+                    _HEADERS,
+                    rows,
+                    f"{where}; medians over the rounds; "
+                    "cross-node bytes from each node's eth0 counters",
+                )
+            ],
+        ),
         figures_section(result.run_dir, [("topology.png", "step time per configuration")]),
-        Section("The link between the nodes, as the probe measured it",
-                [Table(("shaper", "probe", "note"), links)]),
+        Section(
+            "The link between the nodes, as the probe measured it",
+            [Table(("shaper", "probe", "note"), links)],
+        ),
         ranks_section(result.run_dir, {r.job: r.codes for r in result.runs}, problems),
-    ]  # fmt: skip
+    ]
     figure = headline_line(out.rows, plan).split(": ", 1)[-1]
     verdict = broken or "parity holds in every job"
     configs = {r.label: r.median_step_ms for r in out.rows}
-    return sweep_results("topology", result, sections, problems, (verdict, figure, not broken),
-                         configs, _FILES, [r.job for r in result.runs])  # fmt: skip
+    return sweep_results(
+        "topology",
+        result,
+        sections,
+        problems,
+        (verdict, figure, not broken),
+        configs,
+        _FILES,
+        [r.job for r in result.runs],
+    )

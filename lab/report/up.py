@@ -13,8 +13,10 @@ from lab.report.summary import RunSummary, started_at
 
 __all__ = ["up_results"]
 
-_FILES = [("summary.json", "layout, exits, resources, the verdict"),
-          ("topology.yaml", "the topology that ran")]  # fmt: skip
+_FILES = [
+    ("summary.json", "layout, exits, resources, the verdict"),
+    ("topology.yaml", "the topology that ran"),
+]
 
 
 def _resources(result: Any) -> Table:
@@ -22,35 +24,61 @@ def _resources(result: Any) -> Table:
     rows = []
     for who, code in sorted(result.codes.items()):
         cpu, mib = result.usage.get(who, (None, None))
-        where = ",".join(map(str, result.placement.get(who, []))) if torchrun else (
-            f"node{result.plan.layout.node_of(who)}")  # fmt: skip
+        where = (
+            ",".join(map(str, result.placement.get(who, [])))
+            if torchrun
+            else (f"node{result.plan.layout.node_of(who)}")
+        )
         rows.append([who, where or "-", code, cpu, mib])
     first = ("node", "ranks") if torchrun else ("rank", "node")
-    return Table((*first, "exit", "cpu s", "peak rss MiB"), rows,
-                 "per node: torchrun and its workers" if torchrun else "per rank")  # fmt: skip
+    return Table(
+        (*first, "exit", "cpu s", "peak rss MiB"),
+        rows,
+        "per node: torchrun and its workers" if torchrun else "per rank",
+    )
 
 
 def up_results(result: Any) -> Results:
     from lab.experiments.up.result import JOB
 
     s = result.sampler
-    memory = Table(("container", "peak MiB"), [[n, u.peak_mib] for n, u in s.containers.items()],
-                   f"cgroup, sampled every {s.interval_s:g} s")  # fmt: skip
+    memory = Table(
+        ("container", "peak MiB"),
+        [[n, u.peak_mib] for n, u in s.containers.items()],
+        f"cgroup, sampled every {s.interval_s:g} s",
+    )
     logs, _ = job_logs(result.run_dir, JOB)
     problems: list[str] = []
     sections = [
         Section("Exits and resources", [_resources(result), memory]),
         Section("Per step", [steps_table(logs, "mean loss over the ranks; slowest rank's times")]),
-        ranks_section(result.run_dir, {JOB: {} if result.plan.launcher == "torchrun"
-                                       else result.codes}, problems),
-    ]  # fmt: skip
+        ranks_section(
+            result.run_dir,
+            {JOB: {} if result.plan.launcher == "torchrun" else result.codes},
+            problems,
+        ),
+    ]
     step = median_step_ms(logs)
     figure = f"{result.plan.layout.world_size} ranks, training {result.training_s:.1f} s" + (
-        f", median step {step:.1f} ms" if step is not None else "")  # fmt: skip
+        f", median step {step:.1f} ms" if step is not None else ""
+    )
     command = command_line("up")
-    page = Page(f"lab up: run {result.run_id}", Headline(command, result.verdict, figure,
-                result.ok), sections, problems=problems)  # fmt: skip
+    page = Page(
+        f"lab up: run {result.run_id}",
+        Headline(command, result.verdict, figure, result.ok),
+        sections,
+        problems=problems,
+    )
     configs = {JOB: step} if step is not None else {}
-    summary = RunSummary("up", result.run_id, command, started_at(result.total_s),
-                         result.total_s, figure, result.verdict, result.ok, configs)  # fmt: skip
+    summary = RunSummary(
+        "up",
+        result.run_id,
+        command,
+        started_at(result.total_s),
+        result.total_s,
+        figure,
+        result.verdict,
+        result.ok,
+        configs,
+    )
     return Results(page, summary, list(_FILES), [JOB])

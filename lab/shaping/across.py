@@ -41,8 +41,10 @@ def round_trips(cluster: Any, count: int = 50, max_seconds: float = 120.0) -> st
     nodes = nodes_of(cluster)
     parts = []
     across, within = pairs(hosts)
-    for what, pair in (("across hosts (VXLAN)", across), (f"within {hosts[within[0]]}"
-                       if within else "within one host", within)):  # fmt: skip
+    for what, pair in (
+        ("across hosts (VXLAN)", across),
+        (f"within {hosts[within[0]]}" if within else "within one host", within),
+    ):
         if pair is None:
             parts.append(f"{what}: no two nodes share a host (--placement can put two on one)")
             continue

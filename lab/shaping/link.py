@@ -66,8 +66,10 @@ class ShapingReport:
         impair = f", {self.impair.describe()}" if self.impair else ""
         udp = ""
         if self.udp:
-            udp = (f"; UDP echo p50 {self.udp.get('p50_ms', float('nan')):.2f} ms (unshaped "
-                   f"{self.udp_baseline.get('p50_ms', float('nan')):.2f} ms)")  # fmt: skip
+            udp = (
+                f"; UDP echo p50 {self.udp.get('p50_ms', float('nan')):.2f} ms (unshaped "
+                f"{self.udp_baseline.get('p50_ms', float('nan')):.2f} ms)"
+            )
         return "\n  ".join(
             [
                 f"shaper {self.shaper}: asked {asked}{rate}{impair}; measured round trip p50 "
@@ -111,8 +113,9 @@ def shaped(
     # The probe runs from the slowest node (node 0 when all are alike) to the next one.
     slow = max(range(len(nodes)), key=lambda i: (delays[i], -i))
     probed = (slow, (slow + 1) % len(nodes))
-    report = ShapingReport(choice.name, choice.note, ms, rate_mbit, node_ms=node_ms,
-                           probed=probed, impair=impair)  # fmt: skip
+    report = ShapingReport(
+        choice.name, choice.note, ms, rate_mbit, node_ms=node_ms, probed=probed, impair=impair
+    )
     client, server = nodes[probed[0]], nodes[probed[1]]
     with contextlib.ExitStack() as undo:
         # Callbacks run in reverse: the nodes' shaping in reverse order, the server last.
@@ -124,8 +127,14 @@ def shaped(
         for i, (node, delay) in enumerate(zip(nodes, delays, strict=True)):
             if delay == 0 and not rate_mbit and not impair:
                 continue  # nothing to do on this node
-            impl = choice.shaper(delay, rate_mbit, queue=queue, python=python,
-                                 max_seconds=max_seconds, impair=impair.for_node(i))  # fmt: skip
+            impl = choice.shaper(
+                delay,
+                rate_mbit,
+                queue=queue,
+                python=python,
+                max_seconds=max_seconds,
+                impair=impair.for_node(i),
+            )
             peers = [n.address for n in nodes if n is not node]
             undo.enter_context(impl.applied(node, peers))
         report.measured = probe.ping(client, server, probe_port, python, probe_count)
@@ -187,8 +196,9 @@ def _verify_more(
     impair = report.impair
     try:
         if impair.jitter_ms:
-            added = probe.verify_jitter(report.udp["iqr_sd_ms"],
-                                        report.udp_baseline["iqr_sd_ms"], impair)  # fmt: skip
+            added = probe.verify_jitter(
+                report.udp["iqr_sd_ms"], report.udp_baseline["iqr_sd_ms"], impair
+            )
             report.checks.append(
                 f"jitter: asked round-trip sd {impair.round_trip_sd_ms():.2f} ms "
                 f"({impair.jitter_ms:g} ms {impair.distribution} per hop), measured "

@@ -31,8 +31,22 @@ _STOP_S = 10.0  # how long it may take to accept what it holds and unbind
 
 
 def _rule_spec(src: str, queue: int) -> list[str]:
-    return ["!", "-i", "lo", "-s", src, "-m", "comment", "--comment", RULE_COMMENT,
-            "-j", "NFQUEUE", "--queue-num", str(queue), "--queue-bypass"]  # fmt: skip
+    return [
+        "!",
+        "-i",
+        "lo",
+        "-s",
+        src,
+        "-m",
+        "comment",
+        "--comment",
+        RULE_COMMENT,
+        "-j",
+        "NFQUEUE",
+        "--queue-num",
+        str(queue),
+        "--queue-bypass",
+    ]
 
 
 def nfqueue_rules_add(sources: Sequence[str], queue: int, chain: str = "INPUT") -> list[list[str]]:
@@ -87,11 +101,15 @@ class Nfqueue(Shaper):
         # Registered before the start: a delayer that started but never got ready is stopped
         # too (stopping one that never ran is a no-op).
         undo.callback(self._stop_delayer, node)
-        background(node, delayer_argv(self.queue, self.ms, self.max_seconds, pidfile,
-                                      self.python, self.impair), "delay")  # fmt: skip
+        background(
+            node,
+            delayer_argv(self.queue, self.ms, self.max_seconds, pidfile, self.python, self.impair),
+            "delay",
+        )
         self._wait_ready(node)
-        for add, delete in zip(nfqueue_rules_add(peers, self.queue),
-                               nfqueue_rules_del(peers, self.queue), strict=True):  # fmt: skip
+        for add, delete in zip(
+            nfqueue_rules_add(peers, self.queue), nfqueue_rules_del(peers, self.queue), strict=True
+        ):
             check(node, add)
             undo.callback(check, node, delete)
 

@@ -49,8 +49,16 @@ RATE_RANGE = (0.6, 1.1)  # measured / asked
 
 def start_server(node: Node, port: int, duration_s: float, python: str = "python3") -> None:
     """Serve probes in ``node`` for at most ``duration_s`` (detached; see :func:`stop_server`)."""
-    serve = [python, "-m", "lab.node.probe", "serve", "--port", str(port),
-             "--duration", f"{duration_s:g}"]  # fmt: skip
+    serve = [
+        python,
+        "-m",
+        "lab.node.probe",
+        "serve",
+        "--port",
+        str(port),
+        "--duration",
+        f"{duration_s:g}",
+    ]
     background(node, serve, "probe")
 
 
@@ -63,8 +71,20 @@ def ping(
     src: Node, dst: Node, port: int, python: str = "python3", count: int = 50
 ) -> dict[str, float]:
     """Round trips ``src`` -> ``dst`` (``p50_ms``, ``p90_ms``, ...), from the probe's JSON line."""
-    argv = [python, "-m", "lab.node.probe", "ping", "--host", dst.address,
-            "--port", str(port), "--count", str(count), "--timeout", "60"]  # fmt: skip
+    argv = [
+        python,
+        "-m",
+        "lab.node.probe",
+        "ping",
+        "--host",
+        dst.address,
+        "--port",
+        str(port),
+        "--count",
+        str(count),
+        "--timeout",
+        "60",
+    ]
     out = check(src, argv)
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     if not lines:
@@ -81,22 +101,54 @@ def _json_line(src: Node, argv: list[str]) -> dict[str, float]:
 
 
 def udp(
-    src: Node, dst: Node, port: int, python: str = "python3", count: int = 400,
+    src: Node,
+    dst: Node,
+    port: int,
+    python: str = "python3",
+    count: int = 400,
     wait_ms: float = 200.0,
-) -> dict[str, float]:  # fmt: skip
+) -> dict[str, float]:
     """UDP echoes ``src`` -> ``dst``: ``loss_pct`` (of round trips), ``iqr_sd_ms``, ..."""
-    return _json_line(src, [python, "-m", "lab.node.probe", "udp", "--host", dst.address,
-                            "--port", str(port), "--count", str(count),
-                            "--wait-ms", f"{wait_ms:g}"])  # fmt: skip
+    return _json_line(
+        src,
+        [
+            python,
+            "-m",
+            "lab.node.probe",
+            "udp",
+            "--host",
+            dst.address,
+            "--port",
+            str(port),
+            "--count",
+            str(count),
+            "--wait-ms",
+            f"{wait_ms:g}",
+        ],
+    )
 
 
 def bulk(
     src: Node, dst: Node, port: int, python: str = "python3", mbytes: float = 8.0
 ) -> dict[str, float]:
     """A TCP bulk transfer ``src`` -> ``dst``: ``mbit_s``."""
-    return _json_line(src, [python, "-m", "lab.node.probe", "bulk", "--host", dst.address,
-                            "--port", str(port), "--mbytes", f"{mbytes:g}",
-                            "--timeout", "120"])  # fmt: skip
+    return _json_line(
+        src,
+        [
+            python,
+            "-m",
+            "lab.node.probe",
+            "bulk",
+            "--host",
+            dst.address,
+            "--port",
+            str(port),
+            "--mbytes",
+            f"{mbytes:g}",
+            "--timeout",
+            "120",
+        ],
+    )
 
 
 def verify_jitter(measured_sd_ms: float, baseline_sd_ms: float, impair: Impairments) -> float:

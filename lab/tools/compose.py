@@ -79,36 +79,52 @@ def _node_template() -> str:
         "code=$$?; echo $$code > /shared/exits/node$$RANK; exit $$code",
     ]
     return service(
-        "x-node", "compose", anchor="&node", depends_on=AFTER_INIT, environment=_NODE_ENV,
-        entrypoint=shell(script), notes=_NOTES, indent=0,
-    )  # fmt: skip
+        "x-node",
+        "compose",
+        anchor="&node",
+        depends_on=AFTER_INIT,
+        environment=_NODE_ENV,
+        entrypoint=shell(script),
+        notes=_NOTES,
+        indent=0,
+    )
 
 
 def _services() -> str:
     """``init``, the nodes, ``summary`` and ``done``."""
     init = service(
-        "init", "compose",
+        "init",
+        "compose",
         entrypoint=shell(
             "rm -rf /shared/rendezvous /shared/logs /shared/exits && "
             "mkdir -p /shared/logs /shared/exits"
         ),
-    )  # fmt: skip
+    )
     node = (
         "  node{i}:\n    <<: *node\n    hostname: node{i}\n    environment: {{<<: *env, RANK: {i}}}"
     )
     nodes = [node.format(i=i) for i in range(NODES)]
     names = ",".join(f"node{i}" for i in range(NODES))
     summary = service(
-        "summary", "compose", depends_on=AFTER_INIT,
+        "summary",
+        "compose",
+        depends_on=AFTER_INIT,
         entrypoint=words(
-            "python", "-m", "lab.node.summary", "--dir=/shared/exits", f"--nodes={names}",
+            "python",
+            "-m",
+            "lab.node.summary",
+            "--dir=/shared/exits",
+            f"--nodes={names}",
             "--timeout=${RUN_TIMEOUT:-900}",
         ),
-    )  # fmt: skip
+    )
     done = service(
-        "done", "compose", shared=False,
-        depends_on={"summary": "service_completed_successfully"}, entrypoint='["true"]',
-    )  # fmt: skip
+        "done",
+        "compose",
+        shared=False,
+        depends_on={"summary": "service_completed_successfully"},
+        entrypoint='["true"]',
+    )
     return "\n".join([init, *nodes, summary, done])
 
 

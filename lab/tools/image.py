@@ -83,8 +83,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def plan(args: argparse.Namespace) -> ImagePlan:
     extras = tuple(e.strip() for e in args.extras.split(",") if e.strip())
-    return ImagePlan(args.offline, args.base_image, args.tag, args.torch_index_url,
-                     args.wheelhouse, args.build, extras)  # fmt: skip
+    return ImagePlan(
+        args.offline,
+        args.base_image,
+        args.tag,
+        args.torch_index_url,
+        args.wheelhouse,
+        args.build,
+        extras,
+    )
 
 
 def run(plan: ImagePlan) -> str:
@@ -117,8 +124,9 @@ def _build(plan: ImagePlan, client: docker.DockerClient) -> None:
         wheels = download_wheels(base, plan.wheelhouse, extras=plan.extras)
         print(f"{len(wheels)} wheels in {plan.wheelhouse}/; building with no network")
         wheelhouse = plan.wheelhouse
-    build_image(client, plan.tag, plan.base_image, wheelhouse, plan.torch_index_url,
-                extras=plan.extras)  # fmt: skip
+    build_image(
+        client, plan.tag, plan.base_image, wheelhouse, plan.torch_index_url, extras=plan.extras
+    )
 
 
 def report(line: str) -> int:

@@ -35,8 +35,9 @@ class RunsPlan:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--runs-dir", type=Path, default=Path("runs"),
-                   help="the runs folder (default %(default)s)")  # fmt: skip
+    p.add_argument(
+        "--runs-dir", type=Path, default=Path("runs"), help="the runs folder (default %(default)s)"
+    )
     what = p.add_mutually_exclusive_group()
     what.add_argument("--show", metavar="ID", help="print one run's summary again")
     what.add_argument(

@@ -48,10 +48,14 @@ def worker_command(ddp_flags: list[str], rdzv_id: str, *, shared: bool = True) -
     n = _var("NNODES")[1:-1]
     nnodes = _var("NNODES") if shared else f'"$${{NNODES_MIN:-{n}}}:{n}"'
     head = torchrun_head(
-        nnodes, _var("NPROC_PER_NODE"), f"rdzv:{RDZV_PORT}", rdzv_id,
-        _var("MAX_RESTARTS"), "is_host=false,join_timeout=${JOIN_TIMEOUT:-120}",
+        nnodes,
+        _var("NPROC_PER_NODE"),
+        f"rdzv:{RDZV_PORT}",
+        rdzv_id,
+        _var("MAX_RESTARTS"),
+        "is_host=false,join_timeout=${JOIN_TIMEOUT:-120}",
         '"$$(hostname -i)"',
-    )  # fmt: skip
+    )
     lines = [
         " ".join(head[:5]),
         " ".join(head[5:11]),
@@ -77,30 +81,42 @@ def store_entrypoint(*, shared: bool = True) -> str:
     files on the shared volume, or with ``shared`` False reported to the store itself; then
     ``NNODES_MIN`` reports are enough once the rest are a minute late: lost with their host)."""
     return words(
-        "python", "-m", "lab.node.store", f"--port={RDZV_PORT}",
+        "python",
+        "-m",
+        "lab.node.store",
+        f"--port={RDZV_PORT}",
         *(["--dir=/shared/exits"] if shared else ["--min=${NNODES_MIN:-}"]),
-        "--count=${NNODES:-4}", "--timeout=${RUN_TIMEOUT:-900}",
-    )  # fmt: skip
+        "--count=${NNODES:-4}",
+        "--timeout=${RUN_TIMEOUT:-900}",
+    )
 
 
 def compose_services(ddp_flags: list[str]) -> str:
     """compose.yaml's ``torchrun`` profile: ``rdzv``, ``worker`` and the closing ``torchrun``."""
     env = ", ".join(f"{k}: {v!r}" for k, v in TORCHRUN_ENV.items())
     rdzv = service(
-        "rdzv", "compose", profiles=["torchrun"], depends_on=AFTER_INIT,
+        "rdzv",
+        "compose",
+        profiles=["torchrun"],
+        depends_on=AFTER_INIT,
         entrypoint=store_entrypoint(),
-    )  # fmt: skip
+    )
     worker = service(
-        "worker", "compose", profiles=["torchrun"],
+        "worker",
+        "compose",
+        profiles=["torchrun"],
         depends_on={**AFTER_INIT, "rdzv": "service_started"},
         environment=f"{{<<: *env, {env}}}",
         entrypoint=shell(worker_command(ddp_flags, "compose")),
-    )  # fmt: skip
+    )
     closing = service(
-        "torchrun", "compose", profiles=["torchrun"], shared=False,
+        "torchrun",
+        "compose",
+        profiles=["torchrun"],
+        shared=False,
         depends_on={"worker": "service_started", "rdzv": "service_completed_successfully"},
         entrypoint='["true"]',
-    )  # fmt: skip
+    )
     return f"""\
   # --- profile torchrun: one torchrun per worker container, ranks from the c10d rendezvous
   #   NNODES=2 NPROC_PER_NODE=2 docker compose --profile torchrun up --scale worker=2 \\

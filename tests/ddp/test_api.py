@@ -104,12 +104,29 @@ def _logging_data(rank: int, world: int) -> None:
     ours = DistributedDataParallel(seeded(Deep))
     theirs = nn.parallel.DistributedDataParallel(seeded(Deep))
     same = [
-        "world_size", "rank", "module_name", "device_ids", "output_device", "backend_name",
-        "bucket_cap_bytes", "find_unused_parameters", "gradient_as_bucket_view",
-        "broadcast_buffers", "num_parameter_tensors", "total_parameter_size_bytes", "dtypes",
-        "bucket_sizes", "has_sync_bn", "is_multi_device_module", "master_addr", "master_port",
-        "torch_distributed_debug", "cuda_visible_devices", "gloo_socket_ifname", "iteration",
-    ]  # fmt: skip
+        "world_size",
+        "rank",
+        "module_name",
+        "device_ids",
+        "output_device",
+        "backend_name",
+        "bucket_cap_bytes",
+        "find_unused_parameters",
+        "gradient_as_bucket_view",
+        "broadcast_buffers",
+        "num_parameter_tensors",
+        "total_parameter_size_bytes",
+        "dtypes",
+        "bucket_sizes",
+        "has_sync_bn",
+        "is_multi_device_module",
+        "master_addr",
+        "master_port",
+        "torch_distributed_debug",
+        "cuda_visible_devices",
+        "gloo_socket_ifname",
+        "iteration",
+    ]
     o, t = ours._get_ddp_logging_data(), theirs._get_ddp_logging_data()
     assert {k: o.get(k) for k in same} == {k: t.get(k) for k in same}
     ours._set_ddp_runtime_logging_sample_rate(2)

@@ -39,8 +39,20 @@ WORLD = 3
 
 @pytest.mark.timeout(300)
 def test_the_same_command_line_starts_fresh_then_resumes(tmp_path):
-    args = ["--steps", "12", "--checkpoint-every", "3", "--collective-timeout", "20",
-            "--model", "deep", "--bucket-cap-mb", "0.5", "--batch-size", "48"]  # fmt: skip
+    args = [
+        "--steps",
+        "12",
+        "--checkpoint-every",
+        "3",
+        "--collective-timeout",
+        "20",
+        "--model",
+        "deep",
+        "--bucket-cap-mb",
+        "0.5",
+        "--batch-size",
+        "48",
+    ]
     plain = train_ranks(tmp_path, WORLD, *args, "--log-dir", str(tmp_path / "plain"))
     plain = finish(plain, 120)
     assert "parity holds" in plain[0], plain

@@ -199,9 +199,21 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
 @pytest.mark.timeout(60)
 def test_a_peer_that_never_joins_is_named_with_exit_3(tmp_path):
     rdzv = tmp_path / "rdzv"
-    r = _ddp("train", "--rank", "0", "--world-size", "3", "--init-method", f"file://{rdzv}",
-             "--collective-timeout", "2", "--log-dir", str(tmp_path / "logs"),
-             "--batch-size", "60")  # fmt: skip
+    r = _ddp(
+        "train",
+        "--rank",
+        "0",
+        "--world-size",
+        "3",
+        "--init-method",
+        f"file://{rdzv}",
+        "--collective-timeout",
+        "2",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "--batch-size",
+        "60",
+    )
     assert r.returncode == 3, r.stdout + r.stderr
     assert r.stdout.strip() == "" and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1] == (
@@ -218,8 +230,17 @@ def test_a_stale_rendezvous_file_is_bad_input(tmp_path):
     path = tmp_path / "rdzv"
     store = dist.FileStore(str(path), 2)
     store.set("ddp/joined/0", "1")  # what a crashed earlier run leaves behind
-    r = _ddp("train", "--rank", "0", "--world-size", "2", "--init-method", f"file://{path}",
-             "--collective-timeout", "5")  # fmt: skip
+    r = _ddp(
+        "train",
+        "--rank",
+        "0",
+        "--world-size",
+        "2",
+        "--init-method",
+        f"file://{path}",
+        "--collective-timeout",
+        "5",
+    )
     del store
     assert r.returncode == 2, r.stdout + r.stderr
     assert "is left over from an earlier run" in r.stderr and "Traceback" not in r.stderr

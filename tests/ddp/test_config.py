@@ -46,8 +46,13 @@ def test_rendezvous_from_torchrun_env():
     with pytest.raises(ValueError, match="--rank"):
         Rendezvous(3, 2, "env://")
     assert Rendezvous(1, 2, "file:///x").to_argv() == [
-        "--rank", "1", "--world-size", "2", "--init-method", "file:///x",
-    ]  # fmt: skip
+        "--rank",
+        "1",
+        "--world-size",
+        "2",
+        "--init-method",
+        "file:///x",
+    ]
 
 
 def _parse(argv, **kw):

@@ -47,10 +47,27 @@ def test_a_small_cap_gives_every_convolution_its_own_bucket_and_a_tiny_last_one(
 @pytest.mark.timeout(150)
 def test_conv_parity_with_eight_buckets(tmp_path):
     r = subprocess.run(
-        [sys.executable, "-m", "ddp", "--world-size", "2", "--steps", "3", "--model", "conv",
-         "--bucket-cap-mb", "0.15", "--log-dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=140, env=ENV,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "ddp",
+            "--world-size",
+            "2",
+            "--steps",
+            "3",
+            "--model",
+            "conv",
+            "--bucket-cap-mb",
+            "0.15",
+            "--log-dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=140,
+        env=ENV,
+    )
     assert r.returncode == 0, r.stderr
     # step 1 runs with one bucket, then the plan is rebuilt by the cap (ddp.wrapper.bucket_rebuild)
     assert [s.num_buckets for s in load_run(tmp_path)[0].steps] == [1, 8, 8]

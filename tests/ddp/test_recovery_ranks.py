@@ -31,9 +31,12 @@ def _live(tmp_path: Path, *args: str, timeout: float = 50) -> subprocess.Complet
     # A session of its own: past the deadline the launcher and every rank it started go.
     p = subprocess.Popen(
         [sys.executable, "-m", "ddp", *argv, "--collective-timeout", "60", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -96,9 +99,18 @@ def test_sigkill_of_one_of_four_survivors_go_on_at_three(tmp_path):
 @pytest.mark.timeout(90)
 def test_a_replacement_heals_from_a_peer_bitwise(tmp_path):
     _live(
-        tmp_path, "--steps", "150", "--step-delay-ms", "40", "--kill-rank", "1",
-        "--kill-at-step", "3", "--rejoin", timeout=80,
-    )  # fmt: skip
+        tmp_path,
+        "--steps",
+        "150",
+        "--step-delay-ms",
+        "40",
+        "--kill-rank",
+        "1",
+        "--kill-at-step",
+        "3",
+        "--rejoin",
+        timeout=80,
+    )
     records = _records(tmp_path)
     ends = _ends(records)
     assert sorted(ends) == [0, 1, 2, 3] and len(set(ends.values())) == 1
@@ -112,9 +124,20 @@ def test_a_replacement_heals_from_a_peer_bitwise(tmp_path):
 @pytest.mark.timeout(60)
 def test_a_stalled_rank_is_dropped_by_its_missing_heartbeats(tmp_path):
     r = _live(
-        tmp_path, "--steps", "40", "--step-delay-ms", "20", "--kill-rank", "3",
-        "--kill-at-step", "4", "--signal", "STOP", "--heartbeat-timeout", "1",
-    )  # fmt: skip
+        tmp_path,
+        "--steps",
+        "40",
+        "--step-delay-ms",
+        "20",
+        "--kill-rank",
+        "3",
+        "--kill-at-step",
+        "4",
+        "--signal",
+        "STOP",
+        "--heartbeat-timeout",
+        "1",
+    )
     records = _records(tmp_path)
     ends = _ends(records)
     assert sorted(ends) == [0, 1, 2] and len(set(ends.values())) == 1

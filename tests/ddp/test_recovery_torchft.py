@@ -34,9 +34,13 @@ def _torchft_run(logs: Path, deadline: float, *flags: str) -> str:
     argv += ["--model", "mini", "--log-dir", str(logs), "--collective-timeout", "30", *flags]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     with subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
         start_new_session=True,
-    ) as p:  # fmt: skip
+    ) as p:
         try:
             out, _ = p.communicate(timeout=deadline)
         except subprocess.TimeoutExpired:

@@ -20,8 +20,17 @@ _TB_REASON = "tensorboard is not installed (pip install -c constraints.txt -e '.
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> tuple[Path, str]:
     log_dir = tmp_path_factory.mktemp("ddp-run") / "logs"
-    cmd = [sys.executable, "-m", "ddp", "--world-size", "2", "--steps", "3",
-           "--log-dir", str(log_dir)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "ddp",
+        "--world-size",
+        "2",
+        "--steps",
+        "3",
+        "--log-dir",
+        str(log_dir),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"report: {log_dir / 'report.html'}" in proc.stderr  # stdout: the table, verdict last

@@ -21,8 +21,9 @@ def _page(tmp_path, **kw) -> str:
 
 
 def test_everything_from_a_record_is_escaped(tmp_path):
-    text = _page(tmp_path, sections=[Section("s", [Table(["<b>"], [["<script>alert(1)"]]),
-                                                   Text(["a & b"])])])  # fmt: skip
+    text = _page(
+        tmp_path, sections=[Section("s", [Table(["<b>"], [["<script>alert(1)"]]), Text(["a & b"])])]
+    )
     assert "<script>alert" not in text and "&lt;script&gt;alert(1)" in text
     assert "it &lt;worked&gt;" in text and "1.7x &amp; more" in text and "a &amp; b" in text
 

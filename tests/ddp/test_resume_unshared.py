@@ -25,11 +25,25 @@ def _ranks(tmp_path, per_rank):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = []
     for r, flags in enumerate(per_rank):
-        argv = [sys.executable, "-m", "ddp", "train", "--rank", str(r), "--world-size",
-                str(WORLD), "--init-method", f"file://{rdzv}/rdzv", *ARGS, *flags]  # fmt: skip
-        procs.append(subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-        ))  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "ddp",
+            "train",
+            "--rank",
+            str(r),
+            "--world-size",
+            str(WORLD),
+            "--init-method",
+            f"file://{rdzv}/rdzv",
+            *ARGS,
+            *flags,
+        ]
+        procs.append(
+            subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+            )
+        )
     return procs
 
 
@@ -40,18 +54,39 @@ def test_a_rank_without_the_checkpoint_gets_it_from_the_rank_that_has_it(tmp_pat
 
     # rank 0 checkpoints every 2 steps into its own directory; killed in step 6
     first = tmp_path / "first"
-    procs = train_ranks(tmp_path, WORLD, *ARGS, "--log-dir", str(first), "--checkpoint-every",
-                        "2", "--step-delay-ms", "100")  # fmt: skip
+    procs = train_ranks(
+        tmp_path,
+        WORLD,
+        *ARGS,
+        "--log-dir",
+        str(first),
+        "--checkpoint-every",
+        "2",
+        "--step-delay-ms",
+        "100",
+    )
     _wait_for_step(first / "rank1.jsonl", 5, procs)
     os.kill(procs[1].pid, signal.SIGKILL)
     finish(procs, timeout_s=40)
 
     # now rank 0 (a new host's) sees an empty directory, rank 1 sees the checkpoints
     empty, logs = tmp_path / "empty", [tmp_path / "again0", tmp_path / "again1"]
-    again = finish(_ranks(tmp_path, [
-        ["--log-dir", str(logs[0]), "--checkpoint-dir", str(empty), "--resume"],
-        ["--log-dir", str(logs[1]), "--checkpoint-dir", str(first / "checkpoints"), "--resume"],
-    ]), 120)  # fmt: skip
+    again = finish(
+        _ranks(
+            tmp_path,
+            [
+                ["--log-dir", str(logs[0]), "--checkpoint-dir", str(empty), "--resume"],
+                [
+                    "--log-dir",
+                    str(logs[1]),
+                    "--checkpoint-dir",
+                    str(first / "checkpoints"),
+                    "--resume",
+                ],
+            ],
+        ),
+        120,
+    )
     assert "resumed from rank 1's" in again[0] and "(step 4)" in again[0], again
     assert "parity holds: 2 replicas identical after all 4 steps" in again[0], again
     plain_sha = _end_hash(tmp_path / "plain" / "rank0.jsonl")

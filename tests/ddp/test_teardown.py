@@ -21,7 +21,8 @@ print(len(os.listdir("/proc/self/task")) - before)
 @pytest.mark.timeout(120)
 def test_no_gloo_thread_outlives_the_run():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
-                       timeout=100, env=env)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=100, env=env
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "0", r.stdout  # threads left after teardown

@@ -20,16 +20,23 @@ def engines(client):
     if this fixture started them, and every swarm state is as it was."""
     if not MORE_HOSTS.is_file() or os.geteuid() != 0:
         pytest.skip(f"needs root and {MORE_HOSTS} (LAB_MORE_HOSTS) to start more engines")
-    started = not any(line.startswith("lab-host") for line in
-                      subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                     text=True).stdout.splitlines())  # fmt: skip
+    started = not any(
+        line.startswith("lab-host")
+        for line in subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True
+        ).stdout.splitlines()
+    )
     before = client.info()["Swarm"]["LocalNodeState"]
     up = subprocess.run([str(MORE_HOSTS), "up", "2"], capture_output=True, text=True, timeout=300)
     assert up.returncode == 0, up.stderr
     route(via="10.77.1.1")
     try:
-        clients = [h for h in (docker.DockerClient(base_url=e.endpoint, timeout=120)
-                               for e in parse_hosts(HOSTS))]  # fmt: skip
+        clients = [
+            h
+            for h in (
+                docker.DockerClient(base_url=e.endpoint, timeout=120) for e in parse_hosts(HOSTS)
+            )
+        ]
         assert swarm_states(clients) == [before, "inactive", "inactive"]
         copy = lab("image", "--no-build", "--tag", DEFAULT_IMAGE, "--hosts", HOSTS, timeout=900)
         assert copy.returncode == 0, copy.stdout + copy.stderr

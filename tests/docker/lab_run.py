@@ -22,8 +22,11 @@ def run_lab(client: Any, args: list[str], timeout: float) -> tuple[str, str]:
     """``python -m lab ARGS``, asserted to exit 0 and leave nothing behind; (stdout, run id)."""
     proc = subprocess.run(
         [sys.executable, "-m", "lab", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     out = proc.stdout
     assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{proc.stderr}"
     run_id = re.search(r"^run (\S+):", out, re.M).group(1)

@@ -28,8 +28,24 @@ def route(via):
     host2's VXLAN drops packets from a source other than the address its static entries name
     (the kernel's vxlan_snoop), so host0 must send to host2 from 10.77.1.1. Real machines
     with one address each have no such asymmetry; more-hosts.sh's topology does."""
-    subprocess.run(["ip", "route", "replace", "10.77.2.0/24", "dev", "vh2", "proto", "kernel",
-                    "scope", "link", "src", via], check=True, timeout=30)  # fmt: skip
+    subprocess.run(
+        [
+            "ip",
+            "route",
+            "replace",
+            "10.77.2.0/24",
+            "dev",
+            "vh2",
+            "proto",
+            "kernel",
+            "scope",
+            "link",
+            "src",
+            via,
+        ],
+        check=True,
+        timeout=30,
+    )
 
 
 def swarm_states(clients):
@@ -38,9 +54,12 @@ def swarm_states(clients):
 
 def lab(*args, timeout=900):
     return subprocess.run(
-        [sys.executable, "-m", "lab", *args], cwd=ROOT, capture_output=True, text=True,
+        [sys.executable, "-m", "lab", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
         timeout=timeout,
-    )  # fmt: skip
+    )
 
 
 def run_across(engines, *args, timeout=900):

@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _compose(project, *args, env=None, timeout=600):
     cmd = ["docker", "compose", "-p", project, "-f", str(ROOT / "compose.yaml"), *args]
-    return subprocess.run(cmd, env={**os.environ, **(env or {})}, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture
@@ -49,8 +50,13 @@ def test_compose_up_reaches_parity(project):
     ), summary
     codes = _codes(project)
     assert {k: codes[k] for k in ("init", "node0", "node1", "node2", "node3", "summary")} == {
-        "init": 0, "node0": 0, "node1": 0, "node2": 0, "node3": 0, "summary": 0,
-    }  # fmt: skip
+        "init": 0,
+        "node0": 0,
+        "node1": 0,
+        "node2": 0,
+        "node3": 0,
+        "summary": 0,
+    }
 
 
 @pytest.mark.timeout(600)

@@ -24,9 +24,17 @@ def project(client):
 def test_the_torchrun_profile_2x2_reaches_parity(project):
     env = {"NNODES": "2", "NPROC_PER_NODE": "2", "STEPS": "6", "RUN_TIMEOUT": "500"}
     up = _compose(
-        project, "--profile", "torchrun", "up", "--scale", "worker=2",
-        "--attach-dependencies", "torchrun", env=env, timeout=700,
-    )  # fmt: skip
+        project,
+        "--profile",
+        "torchrun",
+        "up",
+        "--scale",
+        "worker=2",
+        "--attach-dependencies",
+        "torchrun",
+        env=env,
+        timeout=700,
+    )
     out = up.stdout + up.stderr
     assert up.returncode == 0, out
     verdicts = [line for line in up.stdout.splitlines() if "parity holds" in line]

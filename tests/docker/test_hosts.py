@@ -38,9 +38,21 @@ pytestmark = pytest.mark.docker
 @pytest.mark.parametrize("per_node", [1, 2])
 def test_lab_up_across_three_hosts_reaches_parity(engines, tmp_path, per_node):
     proc, run_id = run_across(
-        engines, "up", "--nodes", "3", "--ranks-per-node", str(per_node), "--steps", "6",
-        "--batch-size", "48", "--run-timeout", "500", "--runs-dir", str(tmp_path),
-    )  # fmt: skip
+        engines,
+        "up",
+        "--nodes",
+        "3",
+        "--ranks-per-node",
+        str(per_node),
+        "--steps",
+        "6",
+        "--batch-size",
+        "48",
+        "--run-timeout",
+        "500",
+        "--runs-dir",
+        str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     # host1 and host2 joined host0's swarm (made for the run, or one that was there) and left
     assert (
@@ -63,8 +75,11 @@ def test_latency_quick_across_hosts_pays_off_like_one_engine(engines, client, tm
     assert one.returncode == 0, one.stdout[-3000:] + one.stderr
     across, _ = run_across(engines, "latency", "--quick", "--runs-dir", str(tmp_path), timeout=700)
     assert across.returncode == 0, across.stdout[-3000:] + across.stderr
-    assert re.search(r"unshaped round trip p50: across hosts \(VXLAN\) node0 host0 - node1 "
-                     r"host1 [\d.]+ ms", across.stdout), across.stdout  # fmt: skip
+    assert re.search(
+        r"unshaped round trip p50: across hosts \(VXLAN\) node0 host0 - node1 "
+        r"host1 [\d.]+ ms",
+        across.stdout,
+    ), across.stdout
 
     def speedup(out):
         return float(re.search(r"bucketing speedup at [\d.]+ ms: ([\d.]+)x", out).group(1))
@@ -72,17 +87,31 @@ def test_latency_quick_across_hosts_pays_off_like_one_engine(engines, client, tm
     # The same lesson on both: bucketing pays off several times over. Not the same figure: one
     # round of 3 measured steps per configuration on a shared 2-core host spreads widely
     # (measured here: 5.1x on one engine, 12.9x across hosts, in one session).
-    print(f"bucketing speedup: one engine {speedup(one.stdout)}x, across hosts "
-          f"{speedup(across.stdout)}x")  # fmt: skip
+    print(
+        f"bucketing speedup: one engine {speedup(one.stdout)}x, across hosts "
+        f"{speedup(across.stdout)}x"
+    )
     assert speedup(one.stdout) > 2 and speedup(across.stdout) > 2, (one.stdout, across.stdout)
 
 
 @pytest.mark.timeout(900)
 def test_a_lost_host_is_diagnosed_with_its_ranks(engines, tmp_path):
     proc, _ = run_across(
-        engines, "kill", "--mode", "host", "--host", "2", "--at-step", "4", "--nodes", "3",
-        "--batch-size", "48", "--runs-dir", str(tmp_path),
-    )  # fmt: skip
+        engines,
+        "kill",
+        "--mode",
+        "host",
+        "--host",
+        "2",
+        "--at-step",
+        "4",
+        "--nodes",
+        "3",
+        "--batch-size",
+        "48",
+        "--runs-dir",
+        str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     assert "host2 down: docker kill of node2 at once (ranks [2])" in proc.stdout
     assert re.search(r"diagnosis: rank 2 missing", proc.stdout), proc.stdout[-3000:]
@@ -93,8 +122,14 @@ def test_torchrun_survives_a_lost_host(engines, client, tmp_path):
     """3 hosts x 1 worker, --nnodes 2:3: host2 goes away at step 5; the survivors' agents
     re-rendezvous as a world of 2 and finish. No checkpoint: each host has only its own volume
     and ddp loads rank 0's checkpoint from a shared directory, so the new world starts fresh."""
-    cfg = TrainConfig(steps=10, batch_size=12, auto_resume=True, step_delay_ms=300,
-                      collective_timeout_s=60, log_dir=job_dir("elastic"))  # fmt: skip
+    cfg = TrainConfig(
+        steps=10,
+        batch_size=12,
+        auto_resume=True,
+        step_delay_ms=300,
+        collective_timeout_s=60,
+        log_dir=job_dir("elastic"),
+    )
     fault, seen = HostDown(), {}
     hosts = HostSet(parse_hosts(HOSTS))
     with Cluster(client, Layout(3, 1), run_dir=tmp_path, lifetime_s=900, hosts=hosts) as cluster:
@@ -128,8 +163,19 @@ def test_a_host_without_the_image_is_refused_naming_the_fix(engines, tmp_path):
     for engine in engines[:2]:
         engine.images.get(DEFAULT_IMAGE).tag(tag)
     try:
-        proc = lab("up", "--nodes", "3", "--batch-size", "48", "--image", tag, "--hosts", HOSTS,
-                    "--runs-dir", str(tmp_path))  # fmt: skip
+        proc = lab(
+            "up",
+            "--nodes",
+            "3",
+            "--batch-size",
+            "48",
+            "--image",
+            tag,
+            "--hosts",
+            HOSTS,
+            "--runs-dir",
+            str(tmp_path),
+        )
     finally:
         for engine in engines[:2]:
             engine.images.remove(tag)
@@ -144,10 +190,25 @@ def test_a_host_without_the_image_is_refused_naming_the_fix(engines, tmp_path):
 @pytest.mark.timeout(900)
 def test_lab_kill_under_torchrun_takes_a_host_away_and_the_rest_go_on(engines, tmp_path):
     proc, _ = run_across(
-        engines, "kill", "--launcher", "torchrun", "--mode", "host", "--host", "2",
-        "--at-step", "5", "--nodes", "3", "--checkpoint-every", "0", "--batch-size", "48",
-        "--runs-dir", str(tmp_path),
-    )  # fmt: skip
+        engines,
+        "kill",
+        "--launcher",
+        "torchrun",
+        "--mode",
+        "host",
+        "--host",
+        "2",
+        "--at-step",
+        "5",
+        "--nodes",
+        "3",
+        "--checkpoint-every",
+        "0",
+        "--batch-size",
+        "48",
+        "--runs-dir",
+        str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     assert "fault: host2 down: docker kill of node2 at once (ranks [" in proc.stdout
     assert "every rank of a world of 2 set up again after the fault" in proc.stdout
@@ -159,16 +220,24 @@ def test_lab_kill_under_torchrun_takes_a_host_away_and_the_rest_go_on(engines, t
 def test_compress_quick_across_three_hosts(engines, tmp_path):
     """Every node's link capped and probed on its own engine; every hook holds parity."""
     proc, run_id = run_across(
-        engines, "compress", "--quick", "--nodes", "3", "--batch-size", "48",
-        "--runs-dir", str(tmp_path),
-    )  # fmt: skip
+        engines,
+        "compress",
+        "--quick",
+        "--nodes",
+        "3",
+        "--batch-size",
+        "48",
+        "--runs-dir",
+        str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     assert "node0 host0, node1 host1, node2 host2" in proc.stdout
     report = json.loads((tmp_path / run_id / "compress.json").read_text())
     assert len(report["runs"]) == 6 and all(job["parity"] for job in report["runs"])
     # each node's bytes measured on its own engine: all three sent a job's worth
-    assert all(len(job["tx_bytes"]) == 3 and min(job["tx_bytes"].values()) > 1e6
-               for job in report["runs"])  # fmt: skip
+    assert all(
+        len(job["tx_bytes"]) == 3 and min(job["tx_bytes"].values()) > 1e6 for job in report["runs"]
+    )
 
 
 @pytest.mark.timeout(900)
@@ -177,9 +246,23 @@ def test_a_torchrun_restart_resumes_from_a_checkpoint_one_host_has(engines, tmp_
     ranks on the other hosts get the newest by broadcast, and all end bitwise where an
     uninterrupted run does."""
     proc, _ = run_across(
-        engines, "kill", "--launcher", "torchrun", "--mode", "kill", "--rank", "0",
-        "--at-step", "5", "--nodes", "3", "--batch-size", "48", "--runs-dir", str(tmp_path),
-    )  # fmt: skip
+        engines,
+        "kill",
+        "--launcher",
+        "torchrun",
+        "--mode",
+        "kill",
+        "--rank",
+        "0",
+        "--at-step",
+        "5",
+        "--nodes",
+        "3",
+        "--batch-size",
+        "48",
+        "--runs-dir",
+        str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     assert "the restarted workers resumed after step 4" in proc.stdout, proc.stdout[-3000:]
     last = proc.stdout.strip().splitlines()[-1]

@@ -41,15 +41,27 @@ def _stack(engines, tmp_path, **variables):
     with SwarmScope(members) as swarm:
         try:
             deploy = subprocess.run(
-                ["docker", "stack", "deploy", "--resolve-image", "never", "-c",
-                 str(tmp_path / "stack.yaml"), stack],
-                capture_output=True, text=True, timeout=120, env=env,
-            )  # fmt: skip
+                [
+                    "docker",
+                    "stack",
+                    "deploy",
+                    "--resolve-image",
+                    "never",
+                    "-c",
+                    str(tmp_path / "stack.yaml"),
+                    stack,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=env,
+            )
             assert deploy.returncode == 0, deploy.stdout + deploy.stderr
             yield swarm.manager, stack, env
         finally:
-            subprocess.run(["docker", "stack", "rm", stack], capture_output=True, timeout=60,
-                           env=env)  # fmt: skip
+            subprocess.run(
+                ["docker", "stack", "rm", stack], capture_output=True, timeout=60, env=env
+            )
             label = {"label": f"com.docker.stack.namespace={stack}"}
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline and any(
@@ -69,10 +81,15 @@ def _stack_ended(manager, stack, env, timeout=600):
     done, tasks = _service_done(manager, f"{stack}_rdzv")
     assert done, tasks
     logs, store = (
-        subprocess.run(["docker", "service", "logs", "--raw", f"{stack}_{service}"],
-                       capture_output=True, text=True, timeout=60, env=env).stdout
+        subprocess.run(
+            ["docker", "service", "logs", "--raw", f"{stack}_{service}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        ).stdout
         for service in ("worker", "rdzv")
-    )  # fmt: skip
+    )
     return manager.services.get(f"{stack}_worker").tasks(), logs, store
 
 
@@ -101,9 +118,16 @@ def test_the_stack_survives_a_lost_host_elastically(engines, tmp_path):
     (one without the rdzv store, which the job cannot lose) is killed at once; the two
     survivors' agents re-rendezvous as a world of 2, start again from step 0 (no volume, no
     checkpoint) and reach parity; the store closes once both reported and the third did not."""
-    variables = {"NNODES": "3", "NNODES_MIN": "2", "MAX_RESTARTS": "1", "STEPS": "30",
-                 "BATCH_SIZE": "48", "BACKWARD_DELAY_MS": "300", "COLLECTIVE_TIMEOUT": "60",
-                 "RUN_TIMEOUT": "600"}  # fmt: skip
+    variables = {
+        "NNODES": "3",
+        "NNODES_MIN": "2",
+        "MAX_RESTARTS": "1",
+        "STEPS": "30",
+        "BATCH_SIZE": "48",
+        "BACKWARD_DELAY_MS": "300",
+        "COLLECTIVE_TIMEOUT": "60",
+        "RUN_TIMEOUT": "600",
+    }
     with _stack(engines, tmp_path, **variables) as (manager, stack, env):
         label = {"label": f"com.docker.stack.namespace={stack}"}
         deadline, lost = time.monotonic() + 300, None

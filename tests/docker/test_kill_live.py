@@ -21,8 +21,22 @@ pytestmark = pytest.mark.docker
 
 @pytest.mark.timeout(1500)
 def test_live_recovery_with_a_replacement_and_the_restart_path(client, tmp_path):
-    argv = ["kill", "--recovery", "live", "--mode", "kill", "--rank", "2", "--at-step", "4",
-            "--rejoin", "--steps", "30", "--runs-dir", str(tmp_path)]  # fmt: skip
+    argv = [
+        "kill",
+        "--recovery",
+        "live",
+        "--mode",
+        "kill",
+        "--rank",
+        "2",
+        "--at-step",
+        "4",
+        "--rejoin",
+        "--steps",
+        "30",
+        "--runs-dir",
+        str(tmp_path),
+    ]
     out, run_id = run_lab(client, argv, 1450)
     last = out.strip().splitlines()[-1]
     assert re.fullmatch(

@@ -29,8 +29,23 @@ def test_torchft_recovery_with_a_replacement(client, tmp_path):
         pytest.skip(f"{DEFAULT_IMAGE} was not built with --extras torchft")
     # 80 steps: the replacement's interpreter and torch import take seconds on a loaded host,
     # and it must find the survivors still training
-    argv = ["kill", "--recovery", "torchft", "--mode", "kill", "--rank", "2", "--at-step", "6",
-            "--rejoin", "--no-compare", "--steps", "80", "--runs-dir", str(tmp_path)]  # fmt: skip
+    argv = [
+        "kill",
+        "--recovery",
+        "torchft",
+        "--mode",
+        "kill",
+        "--rank",
+        "2",
+        "--at-step",
+        "6",
+        "--rejoin",
+        "--no-compare",
+        "--steps",
+        "80",
+        "--runs-dir",
+        str(tmp_path),
+    ]
     out, run_id = run_lab(client, argv, 850)
     last = out.strip().splitlines()[-1]
     assert re.fullmatch(
@@ -53,8 +68,20 @@ def test_an_image_without_torchft_is_refused(client, capsys):
 
     bare = "lab-base:offline"  # no lab.extras label at all
     client.images.get(bare)
-    argv = ["kill", "--recovery", "torchft", "--mode", "kill", "--rank", "2", "--at-step", "6",
-            "--no-compare", "--image", bare]  # fmt: skip
+    argv = [
+        "kill",
+        "--recovery",
+        "torchft",
+        "--mode",
+        "kill",
+        "--rank",
+        "2",
+        "--at-step",
+        "6",
+        "--no-compare",
+        "--image",
+        bare,
+    ]
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2

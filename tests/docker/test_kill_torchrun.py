@@ -25,17 +25,29 @@ from tests.helpers import leftovers
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
 FLAGS = [
-    "--launcher", "torchrun", "--mode", "kill", "--nodes", "2", "--procs-per-node", "2",
-    "--max-restarts", "1", "--rank", "3", "--at-step", "5", "--steps", "8",
-]  # fmt: skip
+    "--launcher",
+    "torchrun",
+    "--mode",
+    "kill",
+    "--nodes",
+    "2",
+    "--procs-per-node",
+    "2",
+    "--max-restarts",
+    "1",
+    "--rank",
+    "3",
+    "--at-step",
+    "5",
+    "--steps",
+    "8",
+]
 
 
 @pytest.mark.timeout(900)
 def test_lab_kill_under_torchrun_recovers_bitwise(client, tmp_path):
     argv = [sys.executable, "-m", "lab", "kill", "--runs-dir", str(tmp_path), "--no-progress"]
-    result = subprocess.run(
-        [*argv, *FLAGS], cwd=ROOT, capture_output=True, text=True, timeout=840
-    )  # fmt: skip
+    result = subprocess.run([*argv, *FLAGS], cwd=ROOT, capture_output=True, text=True, timeout=840)
     out = result.stdout
     print(out[out.find("restart timeline") :])
     assert result.returncode == 0, out[-5000:] + result.stderr[-3000:]

@@ -22,10 +22,27 @@ pytestmark = pytest.mark.docker
 
 @pytest.mark.timeout(900)
 def test_latency_small_sweep_end_to_end(client, tmp_path):
-    out, run_id = run_lab(client, [
-        "latency", "--ms", "5", "--caps", "0,1", "--steps", "5", "--rounds", "1", "--run-timeout",
-        "200", "--collective-timeout", "60", "--runs-dir", str(tmp_path)
-    ], 860)  # fmt: skip
+    out, run_id = run_lab(
+        client,
+        [
+            "latency",
+            "--ms",
+            "5",
+            "--caps",
+            "0,1",
+            "--steps",
+            "5",
+            "--rounds",
+            "1",
+            "--run-timeout",
+            "200",
+            "--collective-timeout",
+            "60",
+            "--runs-dir",
+            str(tmp_path),
+        ],
+        860,
+    )
     assert f"labelled lab.run={run_id}" in out  # the cluster said what it removed
 
     # The link was verified before anything was measured: asked vs measured round trip.
@@ -51,9 +68,12 @@ def test_latency_small_sweep_end_to_end(client, tmp_path):
     with open(run_dir / "latency.csv") as f:
         rows = {r["config"]: r for r in csv.DictReader(f)}
     assert set(rows) == {
-        "no sync (floor)", "per-parameter, overlap on", "per-parameter, overlap off",
-        "cap 1 MB, overlap on", "cap 1 MB, overlap off",
-    }  # fmt: skip
+        "no sync (floor)",
+        "per-parameter, overlap on",
+        "per-parameter, overlap off",
+        "cap 1 MB, overlap on",
+        "cap 1 MB, overlap off",
+    }
     assert rows["per-parameter, overlap on"]["allreduce_calls_per_step"] == "82"  # 82 tensors
     assert rows["cap 1 MB, overlap off"]["allreduce_calls_per_step"] == "2"
     assert all(r["parity"] == "holds" for c, r in rows.items() if c != "no sync (floor)")
@@ -85,10 +105,27 @@ def test_a_link_that_is_not_what_was_asked_stops_the_run_and_cleans_up(client, t
     # 1 us one-way is far below what a userspace delayer (or the bridge's jitter) can hold to
     # 20%: the check must refuse it before anything is measured, and the run must still go.
     proc = subprocess.run(
-        [sys.executable, "-m", "lab", "latency", "--ms", "0.001", "--caps", "1", "--steps", "3",
-         "--rounds", "1", "--runs-dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=280,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "lab",
+            "latency",
+            "--ms",
+            "0.001",
+            "--caps",
+            "1",
+            "--steps",
+            "3",
+            "--rounds",
+            "1",
+            "--runs-dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "link check failed at 0.001 ms, nothing was measured" in proc.stderr, proc.stderr
     run_id = re.search(r"^run (\S+):", proc.stdout, re.M).group(1)

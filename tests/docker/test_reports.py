@@ -41,8 +41,9 @@ def _summary(run_dir: Path) -> dict:
 
 @pytest.mark.timeout(1000)
 def test_latency_quick_leaves_a_page_a_summary_and_scalars(client, tmp_path):
-    _, run_id = run_lab(client, ["latency", "--quick", "--no-progress",
-                                   "--runs-dir", str(tmp_path)], 960)  # fmt: skip
+    _, run_id = run_lab(
+        client, ["latency", "--quick", "--no-progress", "--runs-dir", str(tmp_path)], 960
+    )
     run_dir = tmp_path / run_id
     seen = _browser_check(run_dir, tmp_path / "browser", images=2)  # latency.png, gantt.png
     assert seen.figure.startswith("bucketing ") and ", overlap " in seen.figure
@@ -53,18 +54,43 @@ def test_latency_quick_leaves_a_page_a_summary_and_scalars(client, tmp_path):
     assert summary["figure"] == seen.figure and len(summary["configs"]) == 10
     jobs = sorted(p.name for p in (run_dir / "tb").iterdir())
     assert len(jobs) == 10 and all(list((run_dir / "tb" / j).glob("events.out.*")) for j in jobs)
-    listed = subprocess.run([sys.executable, "-m", "lab", "runs", "--runs-dir", str(tmp_path)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    listed = subprocess.run(
+        [sys.executable, "-m", "lab", "runs", "--runs-dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert listed.returncode == 0 and run_id in listed.stdout and seen.figure in listed.stdout
 
 
 @pytest.mark.timeout(900)
 def test_kill_leaves_a_page_with_the_diagnosis(client, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "lab", "kill", "--rank", "1", "--at-step", "3", "--mode", "kill",
-         "--nodes", "2", "--steps", "5", "--no-progress", "--runs-dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=860,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "lab",
+            "kill",
+            "--rank",
+            "1",
+            "--at-step",
+            "3",
+            "--mode",
+            "kill",
+            "--nodes",
+            "2",
+            "--steps",
+            "5",
+            "--no-progress",
+            "--runs-dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=860,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_id = proc.stdout.split()[1].rstrip(":")
     run_dir = tmp_path / run_id

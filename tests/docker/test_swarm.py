@@ -19,8 +19,13 @@ pytestmark = pytest.mark.docker
 
 
 def _docker(*args, timeout=120, env=None):
-    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})  # fmt: skip
+    return subprocess.run(
+        ["docker", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @pytest.fixture
@@ -65,8 +70,13 @@ def test_the_swarm_stack_reaches_parity(client, swarm, tmp_path):
     path = tmp_path / "stack.yaml"
     path.write_text(render())
     # one host: both workers on it (the stack puts one per host unless told otherwise)
-    env = {"NNODES": "2", "NPROC_PER_NODE": "2", "STEPS": "6", "RUN_TIMEOUT": "500",
-           "MAX_PER_HOST": "2"}  # fmt: skip
+    env = {
+        "NNODES": "2",
+        "NPROC_PER_NODE": "2",
+        "STEPS": "6",
+        "RUN_TIMEOUT": "500",
+        "MAX_PER_HOST": "2",
+    }
     try:
         deploy = _docker(
             "stack", "deploy", "--resolve-image", "never", "-c", str(path), stack, env=env

@@ -25,8 +25,11 @@ def test_topology_quick_end_to_end(client, tmp_path):
     out, run_id = run_lab(client, ["topology", "--quick", "--runs-dir", str(tmp_path)], 1050)
     assert f"labelled lab.run={run_id}" in out
     # The link between the nodes was verified before anything trained.
-    rtt = re.search(r"asked 5 ms one-way \(round trip \+10 ms\); measured round trip p50 "
-                    r"([\d.]+) ms", out)  # fmt: skip
+    rtt = re.search(
+        r"asked 5 ms one-way \(round trip \+10 ms\); measured round trip p50 "
+        r"([\d.]+) ms",
+        out,
+    )
     assert rtt and 8.0 <= float(rtt.group(1)) <= 12.5, out
     assert len(re.findall(r"^\[ ?\d/5\] round 1 ", out, re.M)) == 5, out
     last = out.strip().splitlines()[-1]
@@ -58,5 +61,6 @@ def test_topology_quick_end_to_end(client, tmp_path):
         assert sorted(logs) == [0, 1, 2, 3] and all(log.end for log in logs.values()), job
         assert logs[0].config.config["wrapper"] == ("torch" if conf.name == "torch" else "ours")
         assert sorted(p.name for p in job.glob("eth0-node*.txt")) == [
-            "eth0-node0.txt", "eth0-node1.txt",
-        ]  # fmt: skip
+            "eth0-node0.txt",
+            "eth0-node1.txt",
+        ]

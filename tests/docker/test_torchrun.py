@@ -15,9 +15,17 @@ pytestmark = pytest.mark.docker
 @pytest.mark.parametrize("nodes, procs", [(4, 1), (2, 2)], ids=["4x1", "2x2"])
 def test_lab_up_under_torchrun_reaches_parity(client, tmp_path, nodes, procs):
     proc, run_dir = _lab_up(
-        client, tmp_path, "--launcher", "torchrun", "--nodes", str(nodes),
-        "--procs-per-node", str(procs), "--steps", "6",
-    )  # fmt: skip
+        client,
+        tmp_path,
+        "--launcher",
+        "torchrun",
+        "--nodes",
+        str(nodes),
+        "--procs-per-node",
+        str(procs),
+        "--steps",
+        "6",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("parity holds: 4 replicas identical after all 6 steps"), last

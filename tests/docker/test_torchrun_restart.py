@@ -27,9 +27,13 @@ KILL_AT = 5  # rank 0's step after which a worker dies (checkpoints every 2)
 @pytest.mark.timeout(900)
 def test_a_killed_worker_is_restarted_by_torchrun_and_ends_bitwise_equal(client, tmp_path):
     cfg = TrainConfig(
-        steps=10, checkpoint_every=2, auto_resume=True, step_delay_ms=300,
-        collective_timeout_s=60, log_dir=job_dir("plain"),  # lab sets each job's own
-    )  # fmt: skip
+        steps=10,
+        checkpoint_every=2,
+        auto_resume=True,
+        step_delay_ms=300,
+        collective_timeout_s=60,
+        log_dir=job_dir("plain"),  # lab sets each job's own
+    )
     launch = Torchrun(2, 2, max_restarts=1)
     events, fault = [], {}
     run_dir = tmp_path / "run"

@@ -28,9 +28,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _lab(*args, timeout=600):
     return subprocess.run(
-        [sys.executable, "-m", "lab", *args], cwd=ROOT, capture_output=True, text=True,
+        [sys.executable, "-m", "lab", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
         timeout=timeout,
-    )  # fmt: skip
+    )
 
 
 def _lab_up(client, tmp_path, *args):

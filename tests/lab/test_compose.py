@@ -31,8 +31,9 @@ def test_every_training_setting_is_an_environment_variable_with_ddps_default():
 
 def test_summary_line():
     assert summary_line({"node0": 0, "node1": 0}) == (
-        "node exit codes: node0 0, node1 0: parity holds", 0,
-    )  # fmt: skip
+        "node exit codes: node0 0, node1 0: parity holds",
+        0,
+    )
     line, code = summary_line({"node0": 3, "node1": None, "node2": 3})
     assert code == 3 and line == (
         "node exit codes: node0 3, node1 ?, node2 3: a peer died, stalled or never joined"

@@ -95,8 +95,11 @@ def test_quick_mode_and_its_overrides():
 def test_jobs_run_none_first_in_every_round():
     p = CompressPlan(rates=(20.0,), hooks=("fp16", "none"), rounds=2)
     assert [j.job for j in p.jobs(20.0)] == [
-        "20mbit-none-r1", "20mbit-fp16-r1", "20mbit-none-r2", "20mbit-fp16-r2",
-    ]  # fmt: skip
+        "20mbit-none-r1",
+        "20mbit-fp16-r1",
+        "20mbit-none-r2",
+        "20mbit-fp16-r2",
+    ]
     assert [j.train.comm_hook for j in p.jobs(20.0)] == ["none", "fp16"] * 2
     assert p.total == 4
     assert CompressPlan(rates=(20.0, 5000.0, 100.0)).rate_order == (5000.0, 100.0, 20.0)
@@ -109,8 +112,9 @@ def test_help_states_the_gradient_and_the_warmup():
     assert "compress.png" in epilog and "trace.json" in epilog
 
 
-def _write(log_dir: Path, step_ms: float, *, loss: float, diff: float, steps: int = 5,
-           world: int = 2) -> Path:  # fmt: skip
+def _write(
+    log_dir: Path, step_ms: float, *, loss: float, diff: float, steps: int = 5, world: int = 2
+) -> Path:
     for rank in range(world):
         log = RecordLog(str(log_dir), rank)
         log.write(ConfigRecord(rank, world, 2, 0, {}, bucket_shapes=DEEP))
@@ -120,26 +124,35 @@ def _write(log_dir: Path, step_ms: float, *, loss: float, diff: float, steps: in
                 {"ref_loss": 2.0, "ref_checksum": 1.0, "max_param_diff": diff} if not rank else {}
             )
             timeline = {"backward_ms": [1.0, 2.0], "buckets_ms": [[1.5, ms - 1], [2.0, ms]]}
-            log.write(StepRecord(rank, step, loss + rank * 0.1, 1.0, ms, 1.0, 1000.0 + step,
-                                 **timeline, **extra))  # fmt: skip
+            log.write(
+                StepRecord(
+                    rank, step, loss + rank * 0.1, 1.0, ms, 1.0, 1000.0 + step, **timeline, **extra
+                )
+            )
         log.write(EndRecord(rank, True, "0" * 64))
         log.close()
     return log_dir
 
 
 # step ms per (rate, hook): fp16 pays at 20 and 1000, not at 5000; powersgd only at 20
-TIMES = {20.0: {"none": 1000.0, "fp16": 500.0, "powersgd": 30.0},
-         1000.0: {"none": 30.0, "fp16": 15.0, "powersgd": 60.0},
-         5000.0: {"none": 15.0, "fp16": 25.0, "powersgd": 60.0}}  # fmt: skip
+TIMES = {
+    20.0: {"none": 1000.0, "fp16": 500.0, "powersgd": 30.0},
+    1000.0: {"none": 30.0, "fp16": 15.0, "powersgd": 60.0},
+    5000.0: {"none": 15.0, "fp16": 25.0, "powersgd": 60.0},
+}
 LOSS = {"none": 2.0, "fp16": 2.0001, "powersgd": 2.01}
 DIFF = {"none": 1e-8, "fp16": 1e-5, "powersgd": 1e-3}
 
 
 def _result(tmp_path: Path) -> CompressResult:
     plan = CompressPlan(
-        rates=tuple(TIMES), hooks=("none", "fp16", "powersgd"), rounds=1, nodes=2,
-        train=TRAIN_DEFAULTS.replace(steps=5), runs_dir=tmp_path,
-    )  # fmt: skip
+        rates=tuple(TIMES),
+        hooks=("none", "fp16", "powersgd"),
+        rounds=1,
+        nodes=2,
+        train=TRAIN_DEFAULTS.replace(steps=5),
+        runs_dir=tmp_path,
+    )
     result = CompressResult(plan, "r1", tmp_path / "r1", seconds=42.0)
     for rate, hooks in TIMES.items():
         result.links.append(LinkInfo(rate, "nfqueue", f"rate {rate:g}", "", rate * 0.97, 0.03))
@@ -216,9 +229,14 @@ def test_diverged_replicas_exit_1(tmp_path, capsys):
 
 def test_logs_without_measured_steps_are_an_error_not_a_crash(tmp_path, capsys):
     result = _result(tmp_path)
-    result.plan = CompressPlan(rates=tuple(TIMES), hooks=("none", "fp16", "powersgd"),
-                               rounds=1, nodes=2, warmup=5,
-                               train=TRAIN_DEFAULTS.replace(steps=6))  # fmt: skip
+    result.plan = CompressPlan(
+        rates=tuple(TIMES),
+        hooks=("none", "fp16", "powersgd"),
+        rounds=1,
+        nodes=2,
+        warmup=5,
+        train=TRAIN_DEFAULTS.replace(steps=6),
+    )
     assert compress.report(result) == 1
     assert "no step after the 5 warm-up steps" in capsys.readouterr().err
 
@@ -226,8 +244,11 @@ def test_logs_without_measured_steps_are_an_error_not_a_crash(tmp_path, capsys):
 def test_rounds_are_pooled_and_each_round_shown(tmp_path):
     result = _result(tmp_path)
     _write(result.run_dir / "20mbit-fp16-r2" / "logs", 700.0, loss=LOSS["fp16"], diff=1e-5)
-    result.runs.append(HookRun(20.0, 2, "fp16", "20mbit-fp16-r2", {0: 0, 1: 0}, True, 9.0,
-                               {0: 8_000_000, 1: 1_000_000}))  # fmt: skip
+    result.runs.append(
+        HookRun(
+            20.0, 2, "fp16", "20mbit-fp16-r2", {0: 0, 1: 0}, True, 9.0, {0: 8_000_000, 1: 1_000_000}
+        )
+    )
     fp16 = next(r for r in outputs.combine_rounds(result) if (r.rate_mbit, r.hook) == (20, "fp16"))
     assert fp16.round_step_ms == (501.0, 701.0) and fp16.steps_measured == 6
     assert fp16.median_step_ms == 601.0  # the median of all 6 measured steps

@@ -73,16 +73,23 @@ def test_streams_become_typed_events_in_order():
         texts, key=str
     ) == sorted([(0, "hello"), (0, "partial"), (None, "launcher says hi")], key=str)
     assert [type(e) for e in seen if e.node == 0] == [
-        LineEvent, LineEvent, RecordEvent, RecordEvent, ExitEvent,
-    ]  # fmt: skip
+        LineEvent,
+        LineEvent,
+        RecordEvent,
+        RecordEvent,
+        ExitEvent,
+    ]
     assert [argv[:3] for _, argv in api.created] == [["python", "-m", "lab.node"]] * 2
     assert "hello" in job.output(0) and job.last_lines(0).endswith("partial")
 
 
 def test_a_killed_container_ends_its_ranks_with_its_exit_code():
     """No exit record: the container died (SIGKILL), so its ranks get the container's 137."""
-    job, _, _ = _job({"c0": [b"[node0/rank0] step\n", b"[node0/rank1] step\n"]},
-                     [_Container("c0", running=False, code=137)], ranks_per_node=2)  # fmt: skip
+    job, _, _ = _job(
+        {"c0": [b"[node0/rank0] step\n", b"[node0/rank1] step\n"]},
+        [_Container("c0", running=False, code=137)],
+        ranks_per_node=2,
+    )
     assert job.wait(10) == []
     assert job.codes == {0: 137, 1: 137}
 

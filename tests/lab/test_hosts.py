@@ -37,8 +37,10 @@ def test_a_hosts_file_has_one_engine_a_line_with_comments(tmp_path):
     )
     hosts = parse_hosts(str(path))
     assert [(h.endpoint, h.address) for h in hosts] == [
-        (H0, "10.77.1.1"), (H1, None), ("tcp://10.0.0.2:2375", None)
-    ]  # fmt: skip
+        (H0, "10.77.1.1"),
+        (H1, None),
+        ("tcp://10.0.0.2:2375", None),
+    ]
 
 
 def test_round_robin_and_explicit_placement():

@@ -34,11 +34,25 @@ def test_bad_impairments_name_the_flag(kw, message):
 def test_netem_and_delayer_argv():
     i = Impairments(jitter_ms=2.0, distribution="normal", loss_pct=0.5, seed=3)
     assert netem.netem_add("eth0", 10, impair=i)[-6:] == [
-        "10ms", "2ms", "distribution", "normal", "loss", "0.5%"]  # fmt: skip
+        "10ms",
+        "2ms",
+        "distribution",
+        "normal",
+        "loss",
+        "0.5%",
+    ]
     assert netem.netem_add("eth0", 10, impair=Impairments(jitter_ms=1))[-2:] == ["10ms", "1ms"]
     argv = nfqueue.delayer_argv(0, 10, impair=i)
-    assert argv[-8:] == ["--jitter-ms", "2", "--distribution", "normal", "--loss-pct", "0.5",
-                         "--seed", "3"]  # fmt: skip
+    assert argv[-8:] == [
+        "--jitter-ms",
+        "2",
+        "--distribution",
+        "normal",
+        "--loss-pct",
+        "0.5",
+        "--seed",
+        "3",
+    ]
     assert nfqueue.delayer_argv(0, 10, impair=Impairments()) == nfqueue.delayer_argv(0, 10)
 
 

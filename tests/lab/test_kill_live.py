@@ -51,8 +51,10 @@ def test_the_command_line_builds_a_live_plan_and_its_restart_path():
     restart = p.restart_plan()  # the same job, checkpointed, every rank restarted
     assert restart.recover and restart.train.recovery == "restart"
     assert (restart.train.model, restart.train.steps) == (p.train.model, p.train.steps)
-    given = _plan("--recovery live --mode pause --rank 0 --at-step 3 --steps 20 "
-                  "--heartbeat-timeout 1.5 --no-compare")  # fmt: skip
+    given = _plan(
+        "--recovery live --mode pause --rank 0 --at-step 3 --steps 20 "
+        "--heartbeat-timeout 1.5 --no-compare"
+    )
     assert (given.train.steps, given.train.heartbeat_timeout_s, given.compare) == (20, 1.5, False)
 
 
@@ -99,8 +101,7 @@ def _live_logs(heal: bool = True, holds: bool = True) -> dict[int, list[RankLog]
 
 
 def _result(restart: KillResult | None = None, **kwargs) -> LiveResult:
-    plan = LivePlan(rank=2, at_step=6, mode="kill", rejoin=True,
-                    train=LIVE_TRAIN.replace(steps=10))  # fmt: skip
+    plan = LivePlan(rank=2, at_step=6, mode="kill", rejoin=True, train=LIVE_TRAIN.replace(steps=10))
     moments = [
         Moment(T, "lab: kill rank 2", "fault"),
         Moment(T + 2.0, "replacement", "replacement"),
@@ -122,9 +123,11 @@ def test_live_row_and_verdict_from_the_records():
 
 @pytest.mark.parametrize(
     ("kwargs", "says"),
-    [({"heal": False}, "the replacement did not heal from a peer"),
-     ({"holds": False}, "rank 0: replicas identical")],
-)  # fmt: skip
+    [
+        ({"heal": False}, "the replacement did not heal from a peer"),
+        ({"holds": False}, "rank 0: replicas identical"),
+    ],
+)
 def test_the_verdict_fails_without_a_heal_or_with_a_broken_replica(kwargs, says):
     verdict = judge(_result(**kwargs))
     assert not verdict.ok and says in verdict.lines

@@ -30,13 +30,21 @@ def _args(argv: str):
 def test_the_torchft_plan_is_the_same_job_with_the_lighthouse_on_node_n(monkeypatch):
     checked = []
     monkeypatch.setattr(options, "require_torchft", checked.append)
-    p = kill.plan(_args("--recovery live --mode kill --rank 2 --at-step 6 --rejoin "
-                        "--compare restart,torchft --image ddp-lab:torchft"))  # fmt: skip
+    p = kill.plan(
+        _args(
+            "--recovery live --mode kill --rank 2 --at-step 6 --rejoin "
+            "--compare restart,torchft --image ddp-lab:torchft"
+        )
+    )
     assert (p.compare, p.torchft, p.recovery) == (True, True, "live")
     assert checked == ["ddp-lab:torchft"]  # the image's label is checked before any run
     t = p.torchft_plan()
-    assert (t.recovery, t.train.recovery, t.compare, t.torchft) == ("torchft", "torchft",
-                                                                     False, False)  # fmt: skip
+    assert (t.recovery, t.train.recovery, t.compare, t.torchft) == (
+        "torchft",
+        "torchft",
+        False,
+        False,
+    )
     assert dataclasses.replace(t.train, recovery="live") == p.train
     assert (t.rank, t.at_step, t.rejoin, t.nodes, t.image) == (2, 6, True, 4, p.image)
     argv = t.coordinator_argv()
@@ -50,15 +58,21 @@ def test_the_torchft_plan_is_the_same_job_with_the_lighthouse_on_node_n(monkeypa
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        ("--recovery live --mode kill --rank 2 --at-step 6 --compare restart,bogus",
-         "--compare takes restart, torchft with --recovery live, got bogus"),
-        ("--recovery torchft --mode kill --rank 2 --at-step 6 --compare torchft",
-         "--compare takes restart with --recovery torchft"),
-        ("--recovery live --mode kill --rank 2 --at-step 6 --compare torchft --no-compare",
-         "--compare LIST or --no-compare, not both"),
+        (
+            "--recovery live --mode kill --rank 2 --at-step 6 --compare restart,bogus",
+            "--compare takes restart, torchft with --recovery live, got bogus",
+        ),
+        (
+            "--recovery torchft --mode kill --rank 2 --at-step 6 --compare torchft",
+            "--compare takes restart with --recovery torchft",
+        ),
+        (
+            "--recovery live --mode kill --rank 2 --at-step 6 --compare torchft --no-compare",
+            "--compare LIST or --no-compare, not both",
+        ),
         ("--mode kill --rank 2 --at-step 6 --compare torchft", "--compare goes with --recovery"),
     ],
-)  # fmt: skip
+)
 def test_bad_compare_flags_exit_2(argv, message, capsys):
     assert message in cli_error(["kill", *argv.split()], capsys)
 
@@ -67,8 +81,14 @@ def test_a_torchft_plan_refuses_a_mismatched_config_and_comparing_with_itself():
     with pytest.raises(ValueError, match="recovery='torchft'"):
         LivePlan(rank=1, at_step=3, mode="kill", recovery="torchft")
     with pytest.raises(ValueError, match="compares with torchft itself"):
-        LivePlan(rank=1, at_step=3, mode="kill", recovery="torchft", torchft=True,
-                 train=LIVE_TRAIN.replace(recovery="torchft"))  # fmt: skip
+        LivePlan(
+            rank=1,
+            at_step=3,
+            mode="kill",
+            recovery="torchft",
+            torchft=True,
+            train=LIVE_TRAIN.replace(recovery="torchft"),
+        )
 
 
 def test_the_image_installs_an_extra_only_when_asked():
@@ -93,8 +113,12 @@ def _torchft(differ: bool = False):
     logs = base.logs
     for r, attempts in logs["live"].items():
         recs = attempts[0].records
-        recs[:] = [dataclasses.replace(x, t=x.t + 0.45) if type(x).__name__ == "CommitRecord"
-                   and x.committed else x for x in recs]  # fmt: skip
+        recs[:] = [
+            dataclasses.replace(x, t=x.t + 0.45)
+            if type(x).__name__ == "CommitRecord" and x.committed
+            else x
+            for x in recs
+        ]
         checksum = 0.5 if differ and r == 3 else 0.0  # the others' steps all sum to 0.0
         recs.append(StepRecord(r, 7, 1.0, checksum, 123.0, 1.0))
     logs["live"] = {r: [RankLog(r, a[0].records)] for r, a in logs["live"].items()}

@@ -13,9 +13,20 @@ from lab.experiments.kill.torchrun_plan import TorchrunKillPlan
 from tests.helpers import cli_error
 
 _VALID = [
-    "kill", "--launcher", "torchrun", "--mode", "kill", "--nodes", "2", "--procs-per-node", "2",
-    "--rank", "3", "--at-step", "5",
-]  # fmt: skip
+    "kill",
+    "--launcher",
+    "torchrun",
+    "--mode",
+    "kill",
+    "--nodes",
+    "2",
+    "--procs-per-node",
+    "2",
+    "--rank",
+    "3",
+    "--at-step",
+    "5",
+]
 
 
 def _plan(*argv: str):
@@ -83,8 +94,23 @@ def test_host_mode_runs_elastic_down_to_the_nodes_left_and_starts_fresh():
     from lab.engine.hosts import HostSet, parse_hosts
 
     hosts = HostSet(parse_hosts("unix:///a.sock,unix:///b.sock,unix:///c.sock"))
-    argv = ["kill", "--launcher", "torchrun", "--mode", "host", "--host", "2", "--nodes", "3",
-            "--at-step", "5", "--checkpoint-every", "0", "--batch-size", "48"]  # fmt: skip
+    argv = [
+        "kill",
+        "--launcher",
+        "torchrun",
+        "--mode",
+        "host",
+        "--host",
+        "2",
+        "--nodes",
+        "3",
+        "--at-step",
+        "5",
+        "--checkpoint-every",
+        "0",
+        "--batch-size",
+        "48",
+    ]
     with using(hosts):
         plan = _plan(*argv)
         assert (plan.lost, plan.rank, plan.survivors) == ((2,), 0, 2)

@@ -141,17 +141,32 @@ def test_a_lost_host_is_judged_on_the_new_world_alone(tmp_path):
     """--mode host: nodes 0,1 x 2 workers, node1's host goes; ranks 0,1 start a world of 2
     from step 0 and end with parity, identical to each other (not to the world of 4)."""
     train = TorchrunKillPlan(0, 5).train.replace(checkpoint_every=0)
-    plan = TorchrunKillPlan(rank=0, at_step=5, mode="host", lost=(1,), train=train,
-                            procs_per_node=2, runs_dir=tmp_path)  # fmt: skip
-    survivors = {r: RankLog(r, [ConfigRecord(r, 2, 1, 0), EndRecord(r, True, "ab" * 32)])
-                 for r in range(2)}  # fmt: skip
-    lost = WorkerKill(0, 1, 0, "rank 0 reported step 4 done", T - 0.1, T, T + 0.3, 0, "",
-                      "host1 down: docker kill of node1 at once (ranks [2, 3], ...)")  # fmt: skip
+    plan = TorchrunKillPlan(
+        rank=0, at_step=5, mode="host", lost=(1,), train=train, procs_per_node=2, runs_dir=tmp_path
+    )
+    survivors = {
+        r: RankLog(r, [ConfigRecord(r, 2, 1, 0), EndRecord(r, True, "ab" * 32)]) for r in range(2)
+    }
+    lost = WorkerKill(
+        0,
+        1,
+        0,
+        "rank 0 reported step 4 done",
+        T - 0.1,
+        T,
+        T + 0.3,
+        0,
+        "",
+        "host1 down: docker kill of node1 at once (ranks [2, 3], ...)",
+    )
     result = _result(
-        tmp_path, plan=plan, kill=lost, events=_events(start=0, ranks=range(2)),
+        tmp_path,
+        plan=plan,
+        kill=lost,
+        events=_events(start=0, ranks=range(2)),
         fault=JobOutcome("fault", T - 17.4, T + 15.9, {0: 0, 1: 137}),
         logs={"reference": _logs(), "fault": survivors},
-    )  # fmt: skip
+    )
     verdict = judge(result)
     assert verdict.ok, verdict.lines()
     lines = verdict.lines()

@@ -46,12 +46,18 @@ def test_bucket_timings_need_a_timeline(tmp_path):
 
 def test_backward_is_cut_where_each_bucket_was_launched():
     r = timeline.RankStep(0.0, (10.0, 50.0), [(20.0, 90.0), (35.0, 95.0), (48.0, 99.0)], 100.0)
-    assert timeline.backward_pieces(r) == [("b0", 10.0, 20.0), ("b1", 20.0, 35.0),
-                                           ("b2", 35.0, 50.0)]  # fmt: skip
+    assert timeline.backward_pieces(r) == [
+        ("b0", 10.0, 20.0),
+        ("b1", 20.0, 35.0),
+        ("b2", 35.0, 50.0),
+    ]
     # Buckets launched after backward (by the final callback) get empty pieces at its end.
     late = timeline.RankStep(0.0, (10.0, 50.0), [(30.0, 90.0), (60.0, 95.0), (61.0, 99.0)], 100.0)
-    assert timeline.backward_pieces(late) == [("b0", 10.0, 30.0), ("b1", 30.0, 50.0),
-                                              ("b2", 50.0, 50.0)]  # fmt: skip
+    assert timeline.backward_pieces(late) == [
+        ("b0", 10.0, 30.0),
+        ("b1", 30.0, 50.0),
+        ("b2", 50.0, 50.0),
+    ]
 
 
 def test_overlap_on_trace_nests_the_pieces_inside_backward(tmp_path):

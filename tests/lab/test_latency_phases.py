@@ -40,18 +40,23 @@ def test_the_default_is_two_phases_a_latency_bound_and_a_bandwidth_bound_one():
     fast, slow = plan.phases()
     assert (fast.key, fast.rate_mbit, fast.train.batch_size) == ("latency", None, PHASE_BATCH)
     assert [c.label for c in fast.configurations] == [
-        "no sync (floor)", "per-parameter, overlap on", "cap 0.15 MB, overlap on",
-        "cap 25 MB, overlap on", "auto cap, overlap on",
+        "no sync (floor)",
+        "per-parameter, overlap on",
+        "cap 0.15 MB, overlap on",
+        "cap 25 MB, overlap on",
+        "auto cap, overlap on",
         f"per-parameter, overlap on, accumulate {ACCUMULATE}",
-    ]  # fmt: skip
+    ]
     modelled = TRAIN_DEFAULTS.replace(
         batch_size=PHASE_BATCH, backward_delay_ms=BANDWIDTH_BACKWARD_MS
     )
     assert (slow.key, slow.rate_mbit, slow.train) == ("bandwidth", 20.0, modelled)
     assert [c.label for c in slow.configurations] == [
-        "no sync (floor)", "cap 0.15 MB, overlap on", "cap 0.15 MB, overlap off",
+        "no sync (floor)",
+        "cap 0.15 MB, overlap on",
+        "cap 0.15 MB, overlap off",
         "auto cap, overlap on",
-    ]  # fmt: skip
+    ]
     assert "shows bucketing" in fast.intro and "no rate cap" in fast.intro
     assert "shows overlap" in slow.intro and "rate 20 Mbit/s" in slow.intro
     assert "500 ms of modelled accelerator backward" in slow.intro
@@ -69,9 +74,15 @@ def test_the_default_is_two_phases_a_latency_bound_and_a_bandwidth_bound_one():
 
 @pytest.mark.parametrize(
     "flags",
-    [["--caps", "0,1"], ["--rate-mbit", "0"], ["--model", "deep"], ["--batch-size", "64"],
-     ["--backward-ms", "50"], ["--timeline-cap", "25"]],
-)  # fmt: skip
+    [
+        ["--caps", "0,1"],
+        ["--rate-mbit", "0"],
+        ["--model", "deep"],
+        ["--batch-size", "64"],
+        ["--backward-ms", "50"],
+        ["--timeline-cap", "25"],
+    ],
+)
 def test_explicit_settings_make_one_phase_of_every_cap_on_and_off(flags):
     plan = _plan(*flags)
     assert not plan.phased and len(plan.phases()) == 1
@@ -106,12 +117,17 @@ def test_auto_and_accumulation_configurations():
 
 # Step ms by (phase, configuration name); comm wait is half of it in the synthetic logs.
 _MS = {
-    ("latency", "nosync"): 20.0, ("latency", "cap0-overlap"): 1000.0,
-    ("latency", "cap0.15-overlap"): 200.0, ("latency", "cap25-overlap"): 150.0,
-    ("latency", "capauto-overlap"): 160.0, ("latency", "cap0-overlap-acc4"): 1060.0,
-    ("bandwidth", "nosync"): 600.0, ("bandwidth", "cap0.15-overlap"): 750.0,
-    ("bandwidth", "cap0.15-nooverlap"): 1050.0, ("bandwidth", "capauto-overlap"): 800.0,
-}  # fmt: skip
+    ("latency", "nosync"): 20.0,
+    ("latency", "cap0-overlap"): 1000.0,
+    ("latency", "cap0.15-overlap"): 200.0,
+    ("latency", "cap25-overlap"): 150.0,
+    ("latency", "capauto-overlap"): 160.0,
+    ("latency", "cap0-overlap-acc4"): 1060.0,
+    ("bandwidth", "nosync"): 600.0,
+    ("bandwidth", "cap0.15-overlap"): 750.0,
+    ("bandwidth", "cap0.15-nooverlap"): 1050.0,
+    ("bandwidth", "capauto-overlap"): 800.0,
+}
 _AUTO = {("latency", 1): 4.0, ("latency", 2): 8.0, ("bandwidth", 1): 0.3, ("bandwidth", 2): 0.3}
 
 
@@ -122,11 +138,14 @@ def _sweep(tmp_path: Path) -> SweepResult:
         for p in plan.jobs(phase):
             conf, key = p.conf, phase.key
             d = write_logs(
-                tmp_path / p.job / "logs", world=2, buckets=82 if conf.cap_mb == 0 else 3,
-                sync="none" if conf.is_floor else "allreduce", parity=not conf.is_floor,
+                tmp_path / p.job / "logs",
+                world=2,
+                buckets=82 if conf.cap_mb == 0 else 3,
+                sync="none" if conf.is_floor else "allreduce",
+                parity=not conf.is_floor,
                 step_ms=lambda r, s, ms=_MS[(key, conf.name)]: ms,
                 auto_cap=_AUTO[(key, p.round)] if conf.is_auto else None,
-            )  # fmt: skip
+            )
             stats = summarize([(p.job, load_run(d))], plan.warmup)
             ok = None if conf.is_floor else True
             run = ConfigRun(conf, 5.0, p.round, p.job, {0: 0, 1: 0}, stats, ok, 1.0, phase)
@@ -149,8 +168,12 @@ def test_a_two_phase_report(tmp_path):
     assert h.overlap_gain == pytest.approx(1050 / 750)  # bandwidth-bound phase, cap 0.15
     closing = text.closing(result, out)
     table = "\n".join(closing.table)
-    assert re.search(r"^latency-bound phase \(5 ms one-way, no rate cap, model tower, global "
-                     r"batch 16\): shows bucketing", table, re.M)  # fmt: skip
+    assert re.search(
+        r"^latency-bound phase \(5 ms one-way, no rate cap, model tower, global "
+        r"batch 16\): shows bucketing",
+        table,
+        re.M,
+    )
     assert re.search(
         r"^bandwidth-bound phase \(5 ms one-way, rate 20 Mbit/s, model tower, "
         r"global batch 16, 500 ms of modelled accelerator backward\)",
@@ -159,8 +182,9 @@ def test_a_two_phase_report(tmp_path):
     )
     assert "per bucket, round 1 at 5 ms (the Gantt chart's pair):" in table
     assert [(t.config, t.overlap) for t in out.timings] == [
-        ("cap 0.15 MB, overlap on", True), ("cap 0.15 MB, overlap off", False)
-    ]  # fmt: skip
+        ("cap 0.15 MB, overlap on", True),
+        ("cap 0.15 MB, overlap off", False),
+    ]
     *_, overlap, auto_fast, auto_slow, accumulation, last = closing.after
     assert overlap == "overlap gain per cap at 5 ms: 0.15 MB 1.40x"
     assert auto_fast.startswith(

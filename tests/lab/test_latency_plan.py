@@ -24,8 +24,14 @@ def _plan(*argv: str) -> LatencyPlan:
 def test_plan_runs_the_floor_first_then_each_cap_with_overlap_on_and_off():
     confs = LatencyPlan(caps=(0, 1, 25)).configurations()
     assert [(c.cap_mb, c.overlap) for c in confs] == [
-        (None, None), (0, True), (0, False), (1, True), (1, False), (25, True), (25, False)
-    ]  # fmt: skip
+        (None, None),
+        (0, True),
+        (0, False),
+        (1, True),
+        (1, False),
+        (25, True),
+        (25, False),
+    ]
     assert len({c.name for c in confs}) == len(confs)
     assert confs[1].label == "per-parameter, overlap on"
     assert confs[4].label == "cap 1 MB, overlap off"
@@ -92,11 +98,30 @@ def test_cli_defaults_flags_and_help(capsys):
     assert _plan("--rate-mbit", "0").rate_mbit is None  # 0: no rate cap
     capped = _plan("--rate-mbit", "250", "--cpus", "0.5")
     assert (capped.rate_mbit, capped.cpus) == (250.0, 0.5)
-    plan = _plan("--model", "mini", "--steps", "9", "--batch-size", "32", "--seed", "4",
-                 "--backward-ms", "120", "--collective-timeout", "20",
-                 "--run-timeout", "90")  # fmt: skip
-    want = TRAIN_DEFAULTS.replace(model="mini", steps=9, batch_size=32, seed=4,
-                                  backward_delay_ms=120.0, collective_timeout_s=20.0)  # fmt: skip
+    plan = _plan(
+        "--model",
+        "mini",
+        "--steps",
+        "9",
+        "--batch-size",
+        "32",
+        "--seed",
+        "4",
+        "--backward-ms",
+        "120",
+        "--collective-timeout",
+        "20",
+        "--run-timeout",
+        "90",
+    )
+    want = TRAIN_DEFAULTS.replace(
+        model="mini",
+        steps=9,
+        batch_size=32,
+        seed=4,
+        backward_delay_ms=120.0,
+        collective_timeout_s=20.0,
+    )
     assert plan.train == want and plan.run_timeout_s == 90.0
     with pytest.raises(SystemExit):
         cli.main(["latency", "--help"])
@@ -134,8 +159,11 @@ def test_auto_among_the_caps_and_overlap_on_only():
     assert not plan.phased and plan.caps == (0.0, 0.05, "auto")
     jobs = plan.jobs(5.0)
     assert [j.job for j in jobs[:4]] == [
-        "5ms-nosync-r1", "5ms-cap0-overlap-r1", "5ms-cap0.05-overlap-r1", "5ms-capauto-overlap-r1",
-    ]  # fmt: skip
+        "5ms-nosync-r1",
+        "5ms-cap0-overlap-r1",
+        "5ms-cap0.05-overlap-r1",
+        "5ms-capauto-overlap-r1",
+    ]
     assert jobs[3].train.bucket_cap_mb == "auto" and jobs[3].train.overlap
     assert plan.total == len(jobs) == 2 * 4
     assert not _plan("--overlap", "off").phased  # any setting other than the default: one phase

@@ -33,8 +33,17 @@ def _logs(path: Path, **kw) -> list[tuple[str, dict]]:
 
 
 def row(ms, cap, overlap, median, calls=1, parity=True):
-    return Row(ms, "x" if cap is None else f"{cap}-{overlap}", cap, overlap, calls,
-               median, median / 2, 10, None if cap is None else parity)  # fmt: skip
+    return Row(
+        ms,
+        "x" if cap is None else f"{cap}-{overlap}",
+        cap,
+        overlap,
+        calls,
+        median,
+        median / 2,
+        10,
+        None if cap is None else parity,
+    )
 
 
 # --- statistics ------------------------------------------------------------------------------
@@ -44,8 +53,9 @@ def test_summary_is_the_median_of_the_slowest_rank_after_warmup(tmp_path):
     # Step s, rank r: 100 + r + s, so the slowest rank is 3; warm-up steps are huge.
     logs = _logs(tmp_path, steps=7, step_ms=lambda r, s: 5000.0 if s <= 2 else 100.0 + r + s)
     stats = summarize(logs, warmup=2)
-    assert stats == ConfigStats(calls=3, median_step_ms=108.0, median_comm_ms=54.0,
-                                steps_measured=5)  # fmt: skip
+    assert stats == ConfigStats(
+        calls=3, median_step_ms=108.0, median_comm_ms=54.0, steps_measured=5
+    )
 
 
 def test_summary_errors_say_what_to_do(tmp_path):
@@ -70,10 +80,12 @@ def _result(tmp_path: Path, rounds: int, step_ms, parity=lambda conf, r: True) -
     for p in plan.jobs(5.0):
         conf = p.conf
         d = write_logs(
-            tmp_path / p.job / "logs", buckets=24 if conf.cap_mb == 0 else 4,
-            sync="none" if conf.is_floor else "allreduce", parity=not conf.is_floor,
+            tmp_path / p.job / "logs",
+            buckets=24 if conf.cap_mb == 0 else 4,
+            sync="none" if conf.is_floor else "allreduce",
+            parity=not conf.is_floor,
             step_ms=lambda r, s, conf=conf, k=p.round: step_ms(conf, k) + r,
-        )  # fmt: skip
+        )
         stats = summarize([(p.job, load_run(d))], plan.warmup)
         ok = None if conf.is_floor else parity(conf, p.round)
         result.runs.append(ConfigRun(conf, 5.0, p.round, p.job, {0: 0}, stats, ok, 1.0))
@@ -94,12 +106,17 @@ def test_rounds_pool_their_measured_steps_and_parity_must_hold_in_every_round(tm
 
 
 def test_derived_columns_headline_and_table():
-    rows = derive_rows([
-        row(5, None, None, 20.0, calls=0), row(5, 0, True, 900.0, calls=24),
-        row(5, 0, False, 880.0, calls=24), row(5, 1, True, 150.0, calls=4),
-        row(5, 1, False, 160.0, calls=4), row(5, 25, True, 100.0, calls=2),
-        row(5, 25, False, 110.0, calls=2, parity=False),
-    ])  # fmt: skip
+    rows = derive_rows(
+        [
+            row(5, None, None, 20.0, calls=0),
+            row(5, 0, True, 900.0, calls=24),
+            row(5, 0, False, 880.0, calls=24),
+            row(5, 1, True, 150.0, calls=4),
+            row(5, 1, False, 160.0, calls=4),
+            row(5, 25, True, 100.0, calls=2),
+            row(5, 25, False, 110.0, calls=2, parity=False),
+        ]
+    )
     by = {(r.cap_mb, r.overlap): r for r in rows}
     assert by[(None, None)].exposed_comm_ms == 0.0
     assert math.isnan(by[(None, None)].speedup_vs_per_parameter)
@@ -135,8 +152,13 @@ def test_headline_is_nan_when_a_side_was_not_run_and_the_line_says_which():
 
 
 def test_overlap_gain_per_cap_line():
-    rows = [row(5.0, None, None, 100.0), row(5.0, 0.0, True, 837.6), row(5.0, 0.0, False, 954.7),
-            row(5.0, 1.0, True, 218.4), row(5.0, 1.0, False, 273.4)]  # fmt: skip
+    rows = [
+        row(5.0, None, None, 100.0),
+        row(5.0, 0.0, True, 837.6),
+        row(5.0, 0.0, False, 954.7),
+        row(5.0, 1.0, True, 218.4),
+        row(5.0, 1.0, False, 273.4),
+    ]
     assert text.overlap_by_cap_line(rows, 5.0) == (
         "overlap gain per cap at 5 ms: per-parameter 1.14x, 1 MB 1.25x"
     )
@@ -151,10 +173,12 @@ def test_describe_a_finished_configuration(tmp_path):
 
 def test_csv_json_and_plot(tmp_path):
     rows = derive_rows(
-        [row(ms, cap, ov, 10.0 * (1 + ms) * (2 if cap == 0 else 1), calls=24 if cap == 0 else 2)
-         for ms in (1, 5) for cap, ov in [(None, None), (0, True), (0, False), (4, True),
-                                          (4, False)]]
-    )  # fmt: skip
+        [
+            row(ms, cap, ov, 10.0 * (1 + ms) * (2 if cap == 0 else 1), calls=24 if cap == 0 else 2)
+            for ms in (1, 5)
+            for cap, ov in [(None, None), (0, True), (0, False), (4, True), (4, False)]
+        ]
+    )
     outputs.write_csv(tmp_path / "l.csv", rows)
     with open(tmp_path / "l.csv") as f:
         got = list(csv.DictReader(f))
@@ -244,15 +268,20 @@ def test_write_outputs_from_collected_logs(tmp_path):
     result = _result(tmp_path, 2, step_ms)
     out = outputs.write_outputs(result)
     assert [f.name for f in out.files] == [
-        "latency.csv", "latency.png", "trace.json", "gantt.png", "latency.json"
-    ]  # fmt: skip
+        "latency.csv",
+        "latency.png",
+        "trace.json",
+        "gantt.png",
+        "latency.json",
+    ]
     assert all(f.exists() and f.stat().st_size > 0 for f in out.files)
     doc = json.loads((tmp_path / "latency.json").read_text())
     assert doc["timeline"]["cap_mb"] == 1.0
     # The Gantt chart's pair, per bucket (synthetic logs: 4 buckets, backward from 2 to 10 ms).
     assert [(t.config, t.overlap) for t in out.timings] == [
-        ("cap 1 MB, overlap on", True), ("cap 1 MB, overlap off", False)
-    ]  # fmt: skip
+        ("cap 1 MB, overlap on", True),
+        ("cap 1 MB, overlap off", False),
+    ]
     assert [b["comm_ms"] for b in doc["bucket_timings"][0]["buckets"]] == [37.0, 55.0, 73.0, 91.0]
     assert doc["bucket_timings"][1]["buckets"][0]["compute_ms"] is None
     assert doc["headline"][0]["bucketing_speedup"] == pytest.approx(743 / 143)  # slowest +3

@@ -20,10 +20,14 @@ OUTPUT = Path("runs/r1/5ms-cap1-overlap-r1")
 
 def _check_finished(job, running, *, broken_parity_ok=True):
     check_finished(
-        job, running, where="cap 1 MB, overlap on at 5 ms (round 1)", output=OUTPUT,
-        timeout_s=300, slow_hint="a low --rate-mbit makes steps slow",
+        job,
+        running,
+        where="cap 1 MB, overlap on at 5 ms (round 1)",
+        output=OUTPUT,
+        timeout_s=300,
+        slow_hint="a low --rate-mbit makes steps slow",
         broken_parity_ok=broken_parity_ok,
-    )  # fmt: skip
+    )
 
 
 class _Job:

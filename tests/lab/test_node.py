@@ -67,8 +67,9 @@ def test_two_real_ranks_report_lines_records_and_exits(tmp_path):
     assert any("parity holds" in t for t in texts)
     assert not any(t.startswith("@") for t in texts)  # records never show as human lines
     assert sorted(p.name for p in (tmp_path / "logs").glob("rank*.jsonl")) == [
-        "rank0.jsonl", "rank1.jsonl",
-    ]  # fmt: skip
+        "rank0.jsonl",
+        "rank1.jsonl",
+    ]
 
 
 @pytest.mark.timeout(60)

@@ -35,13 +35,16 @@ def sweep(run_dir: Path) -> SweepResult:
     for p in plan.jobs(5.0):
         conf = p.conf
         ms = 20.0 + (0.0 if conf.is_floor else 30.0 * (24 if conf.cap_mb == 0 else 4))
-        d = write_logs(run_dir / p.job / "logs", buckets=24 if conf.cap_mb == 0 else 4,
-                       sync="none" if conf.is_floor else "allreduce", parity=not conf.is_floor,
-                       step_ms=lambda r, s, ms=ms: ms + r)  # fmt: skip
+        d = write_logs(
+            run_dir / p.job / "logs",
+            buckets=24 if conf.cap_mb == 0 else 4,
+            sync="none" if conf.is_floor else "allreduce",
+            parity=not conf.is_floor,
+            step_ms=lambda r, s, ms=ms: ms + r,
+        )
         stats = summarize([(p.job, load_run(d))], plan.warmup)
         ok = None if conf.is_floor else True
-        result.runs.append(ConfigRun(conf, 5.0, 1, p.job, {r: 0 for r in range(4)}, stats, ok,
-                                     1.0))  # fmt: skip
+        result.runs.append(ConfigRun(conf, 5.0, 1, p.job, {r: 0 for r in range(4)}, stats, ok, 1.0))
     return result
 
 

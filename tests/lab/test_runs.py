@@ -21,11 +21,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(runs: Path, run_id: str, experiment: str, started: str, configs: dict) -> None:
-    write_summary(runs / run_id, RunSummary(
-        experiment, run_id, f"python -m lab {experiment}", started, 95.0,
-        "bucketing 1.7x, overlap 1.4x" if experiment == "latency" else "rank 2 missing",
-        "parity holds in every allreduce configuration", True, configs,
-    ))  # fmt: skip
+    write_summary(
+        runs / run_id,
+        RunSummary(
+            experiment,
+            run_id,
+            f"python -m lab {experiment}",
+            started,
+            95.0,
+            "bucketing 1.7x, overlap 1.4x" if experiment == "latency" else "rank 2 missing",
+            "parity holds in every allreduce configuration",
+            True,
+            configs,
+        ),
+    )
 
 
 @pytest.fixture
@@ -80,8 +89,14 @@ def test_the_list_is_newest_first_and_survives_partial_and_garbage_runs(runs, ca
     lines = out.splitlines()
     assert lines[0].split()[:4] == ["run", "id", "experiment", "started"]
     ids = [line.split()[0] for line in lines[1:]]
-    assert ids == ["20250104-100000-dddd", "20250103-100000-cccc", "20250102-100000-bbbb",
-                   "20250101-100000-aaaa", "garbage", "half"]  # fmt: skip
+    assert ids == [
+        "20250104-100000-dddd",
+        "20250103-100000-cccc",
+        "20250102-100000-bbbb",
+        "20250101-100000-aaaa",
+        "garbage",
+        "half",
+    ]
     row = {line.split()[0]: line for line in lines[1:]}
     assert "latency" in row["20250102-100000-bbbb"] and "2025-01-02 10:00:00" in out
     assert "95 s" in row["20250102-100000-bbbb"]
@@ -104,8 +119,9 @@ def test_show_prints_one_summary_again(runs, capsys):
 
 
 def test_compare_sets_the_configurations_side_by_side(runs, capsys):
-    code, out, _ = _lab(capsys, "--runs-dir", str(runs), "--compare", "20250101-100000-aaaa",
-                        "20250102-100000-bbbb")  # fmt: skip
+    code, out, _ = _lab(
+        capsys, "--runs-dir", str(runs), "--compare", "20250101-100000-aaaa", "20250102-100000-bbbb"
+    )
     assert code == 0
     assert "2 configurations in both" in out
     row = next(line for line in out.splitlines() if "cap 0.15 MB" in line)
@@ -117,16 +133,20 @@ def test_compare_sets_the_configurations_side_by_side(runs, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--compare", "20250101-100000-aaaa", "20250103-100000-cccc"],
-         "error: runs of different experiments: 20250101-100000-aaaa is latency, "
-         "20250103-100000-cccc is kill"),
+        (
+            ["--compare", "20250101-100000-aaaa", "20250103-100000-cccc"],
+            "error: runs of different experiments: 20250101-100000-aaaa is latency, "
+            "20250103-100000-cccc is kill",
+        ),
         (["--compare", "20250101-100000-aaaa", "nope"], "error: no run 'nope' in "),
         (["--show", "nope"], "error: no run 'nope' in "),
         (["--show", "2025"], "error: run id '2025' is ambiguous"),
-        (["--compare", "20250101-100000-aaaa", "garbage"],
-         "error: run garbage cannot be compared: summary.json unreadable"),
+        (
+            ["--compare", "20250101-100000-aaaa", "garbage"],
+            "error: run garbage cannot be compared: summary.json unreadable",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_ids_are_refused_in_one_line_with_exit_2(runs, capsys, argv, message):
     code, out, err = _lab(capsys, "--runs-dir", str(runs), *argv)
     assert code == 2 and out == ""
@@ -141,22 +161,32 @@ def test_no_runs_folder_is_an_empty_list(tmp_path, capsys):
 def test_the_command_line_exits_2_for_an_unknown_id(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "lab", "runs", "--runs-dir", str(tmp_path), "--show", "x"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
 
 
 def test_a_bench_folder_is_listed_from_its_bench_json(tmp_path, capsys):
     """``python -m ddp.bench --out DIR`` writes no summary: its targets stand in for one."""
-    ratios = {"ours/torch step time": {"ratio": 1.031, "target": 1.0, "met": False},
-              "one node: ours+hierarchical/ours": {"ratio": 1.01, "target": 1.02, "met": True},
-              "skipped": {"ratio": None, "target": 1.03, "met": None}}  # fmt: skip
+    ratios = {
+        "ours/torch step time": {"ratio": 1.031, "target": 1.0, "met": False},
+        "one node: ours+hierarchical/ours": {"ratio": 1.01, "target": 1.02, "met": True},
+        "skipped": {"ratio": None, "target": 1.03, "met": None},
+    }
     bench = tmp_path / "bench18"
     bench.mkdir()
-    (bench / "bench.json").write_text(json.dumps({
-        "command": "python -m ddp.bench", "ratios": ratios,
-        "medians_ms": {"multi": {"ours@64": 93.0, "torch@64": 89.3}},
-    }))  # fmt: skip
+    (bench / "bench.json").write_text(
+        json.dumps(
+            {
+                "command": "python -m ddp.bench",
+                "ratios": ratios,
+                "medians_ms": {"multi": {"ours@64": 93.0, "torch@64": 89.3}},
+            }
+        )
+    )
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "bench.json").write_text("{")
     assert main(["runs", "--runs-dir", str(tmp_path)]) == 0

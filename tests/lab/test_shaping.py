@@ -24,8 +24,18 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_netem_and_tbf_commands():
     assert netem.netem_add("eth0", 5) == [
-        "tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "netem", "delay", "5ms",
-    ]  # fmt: skip
+        "tc",
+        "qdisc",
+        "add",
+        "dev",
+        "eth0",
+        "root",
+        "handle",
+        "1:",
+        "netem",
+        "delay",
+        "5ms",
+    ]
     assert netem.netem_add("eth1", 2.5)[-1] == "2.5ms"
     root = netem.tbf_add("eth0", 100)
     assert root[:6] == ["tc", "qdisc", "add", "dev", "eth0", "root"]
@@ -139,9 +149,18 @@ def test_nfqueue_rules_are_input_bypass_and_undoable():
 def test_delayer_argv_and_validation():
     argv = nfqueue.delayer_argv(2, 5, duration_s=600, pidfile="/tmp/d.pid")
     assert argv == [
-        "python3", "-m", "lab.node.delayer", "--queue", "2", "--delay-ms", "5",
-        "--duration", "600", "--pidfile", "/tmp/d.pid",
-    ]  # fmt: skip
+        "python3",
+        "-m",
+        "lab.node.delayer",
+        "--queue",
+        "2",
+        "--delay-ms",
+        "5",
+        "--duration",
+        "600",
+        "--pidfile",
+        "/tmp/d.pid",
+    ]
     with pytest.raises(ValueError, match="queue"):
         delayer.Delayer(70000, 5)
     with pytest.raises(ValueError, match="delay"):
@@ -160,9 +179,13 @@ def test_netlink_messages_are_framed_as_the_kernel_expects():
 def test_module_help_runs():
     for mod in ("lab.node.delayer", "lab.node.probe"):
         out = subprocess.run(
-            [sys.executable, "-m", mod, "--help"], cwd=REPO, capture_output=True, text=True,
-            timeout=30, check=True,
-        )  # fmt: skip
+            [sys.executable, "-m", mod, "--help"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
         assert "usage" in out.stdout
 
 
@@ -195,10 +218,26 @@ def test_probe_over_loopback(capsys):
     result = node_probe.bulk("127.0.0.1", srv_port, mbytes=2, timeout=10)
     assert result["bytes"] == 2_000_000 and result["seconds"] > 0
     out = subprocess.run(
-        [sys.executable, "-m", "lab.node.probe", "ping", "--host", "127.0.0.1",
-         "--port", str(srv_port), "--count", "5", "--timeout", "10"],
-        cwd=REPO, capture_output=True, text=True, timeout=30, check=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "lab.node.probe",
+            "ping",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(srv_port),
+            "--count",
+            "5",
+            "--timeout",
+            "10",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     assert json.loads(out.stdout)["count"] == 5
 
 

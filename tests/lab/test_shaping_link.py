@@ -66,9 +66,14 @@ def test_shaped_nfqueue_order_and_undo_after_an_error():
         assert rep.shaper == "nfqueue" and "netem is missing" in rep.note
         raise RuntimeError("boom")
     cmds = _commands(log, "n1")
-    steps = ("tc qdisc add dev eth0 root tbf", "sh -c rm -f /tmp/lab-shaping-n1-delay.pid",
-             "iptables -w 5 -I INPUT", "iptables -w 5 -D INPUT", "sh -c [ -s",
-             "tc qdisc del dev eth0 root")  # fmt: skip
+    steps = (
+        "tc qdisc add dev eth0 root tbf",
+        "sh -c rm -f /tmp/lab-shaping-n1-delay.pid",
+        "iptables -w 5 -I INPUT",
+        "iptables -w 5 -D INPUT",
+        "sh -c [ -s",
+        "tc qdisc del dev eth0 root",
+    )
     order = [next(i for i, c in enumerate(cmds) if c.startswith(step)) for step in steps]
     assert order == sorted(order), cmds
     assert "-s 10.9.0.2" in next(c for c in cmds if "-I INPUT" in c)  # rules name the peer
@@ -146,8 +151,9 @@ def test_jitter_loss_and_rate_are_verified_and_printed():
     with link.shaped(nodes, 5.0, rate_mbit=50, impair=impair) as rep:
         pass
     cmds = _commands(log, "n1")
-    assert ("tc qdisc add dev eth0 root handle 1: netem delay 5ms 2ms distribution normal "
-            "loss 1%") in cmds  # fmt: skip
+    assert (
+        "tc qdisc add dev eth0 root handle 1: netem delay 5ms 2ms distribution normal loss 1%"
+    ) in cmds
     text = rep.line()
     assert "jitter: asked round-trip sd 2.83 ms (2 ms normal per hop), measured 2.90 ms" in text
     assert "loss: asked 1% per hop = 1.99% per round trip, measured 2.00% of 400" in text

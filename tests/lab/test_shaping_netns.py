@@ -51,8 +51,23 @@ def netns() -> Iterator[tuple[str, str]]:
             code, out = _sh(["ip", "netns", "add", ns])
             _need(code == 0, f"cannot create a network namespace: {out.strip()}")
             created.append(ns)
-        steps = [["ip", "link", "add", devs[0], "netns", names[0], "type", "veth",
-                  "peer", "name", devs[1], "netns", names[1]]]  # fmt: skip
+        steps = [
+            [
+                "ip",
+                "link",
+                "add",
+                devs[0],
+                "netns",
+                names[0],
+                "type",
+                "veth",
+                "peer",
+                "name",
+                devs[1],
+                "netns",
+                names[1],
+            ]
+        ]
         for ns, dev, addr in zip(names, devs, ADDR, strict=True):
             steps += [
                 ["ip", "-n", ns, "addr", "add", f"{addr}/30", "dev", dev],
@@ -81,9 +96,13 @@ def _proc(ns: str, argv: list[str], stop_timeout: float = 10.0) -> Iterator[subp
     """Run `python -m ...` inside `ns`; SIGTERM it on exit, SIGKILL if it does not stop."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     p = subprocess.Popen(
-        ["ip", "netns", "exec", ns, sys.executable, *argv], cwd=REPO, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        ["ip", "netns", "exec", ns, sys.executable, *argv],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         yield p
     finally:
@@ -108,16 +127,21 @@ def _wait_file(path: Path, proc: subprocess.Popen, timeout: float = 15.0) -> Non
 def _client(ns: str, *args: str, timeout: float = 60.0) -> dict:
     out = subprocess.run(
         ["ip", "netns", "exec", ns, sys.executable, "-m", "lab.node.probe", *args],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
-        timeout=timeout, check=False,
-    )  # fmt: skip
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     return json.loads(out.stdout)
 
 
 def _ping(ns: str, count: int = 40) -> dict:
-    return _client(ns, "ping", "--host", ADDR[1], "--port", str(PORT), "--count", str(count),
-                   "--timeout", "30")  # fmt: skip
+    return _client(
+        ns, "ping", "--host", ADDR[1], "--port", str(PORT), "--count", str(count), "--timeout", "30"
+    )
 
 
 def _rules(ns: str, action) -> None:
@@ -146,8 +170,18 @@ def test_nfqueue_delays_both_directions(netns, tmp_path):
                 _rules(ns, nfqueue.nfqueue_rules_add)
             try:
                 shaped = _ping(a)
-                bulk = _client(a, "bulk", "--host", ADDR[1], "--port", str(PORT), "--mbytes", "8",
-                               "--timeout", "60")  # fmt: skip
+                bulk = _client(
+                    a,
+                    "bulk",
+                    "--host",
+                    ADDR[1],
+                    "--port",
+                    str(PORT),
+                    "--mbytes",
+                    "8",
+                    "--timeout",
+                    "60",
+                )
             finally:
                 for ns in netns:
                     _rules(ns, nfqueue.nfqueue_rules_del)
@@ -272,8 +306,9 @@ def test_shaped_applies_verifies_and_undoes(netns, nodes):
 def test_a_per_node_delay_slows_only_that_nodes_link(netns, nodes):
     # An asymmetric link: only namespace b delays what it receives (10 ms); a's INPUT stays
     # untouched, and the probe from b to a sees +10 ms, not +20.
-    with link.shaped(nodes, 0.0, "auto", python=sys.executable, max_seconds=60,
-                     node_ms={1: DELAY_MS}) as report:  # fmt: skip
+    with link.shaped(
+        nodes, 0.0, "auto", python=sys.executable, max_seconds=60, node_ms={1: DELAY_MS}
+    ) as report:
         rules = _input_rules(netns)
     print("\n" + report.line())
     assert report.probed == (1, 0)

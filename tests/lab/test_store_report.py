@@ -25,10 +25,21 @@ def _serve(codes, *flags):
     """A store for 2 workers, ``codes`` reported to it: its exit code and output."""
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "lab.node.store", "--port", str(port), "--count", "2",
-         "--timeout", "60", *flags],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "lab.node.store",
+            "--port",
+            str(port),
+            "--count",
+            "2",
+            "--timeout",
+            "60",
+            *flags,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert "listening" in server.stdout.readline()
         for i, code in enumerate(codes):
@@ -60,6 +71,8 @@ def test_an_elastic_store_closes_after_the_grace_once_min_reported():
 def test_a_store_refuses_a_min_above_count():
     proc = subprocess.run(
         [sys.executable, "-m", "lab.node.store", "--count", "2", "--min", "3"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "--min must be an integer in 1..--count (2)" in proc.stderr

@@ -101,8 +101,9 @@ def test_every_file_of_the_report(tmp_path, capsys):
     result = StragglerResult(plan, "r1", tmp_path / "r1", seconds=12.0)
     _write(result.log_dir("baseline"), lambda r: 20.0)
     _write(result.log_dir("straggler"), lambda r: 80.0 if r == 1 else 20.0)
-    result.jobs = {n: JobRun(n, {r: 0 for r in range(4)}, True, 5.0)
-                   for n in ("baseline", "straggler")}  # fmt: skip
+    result.jobs = {
+        n: JobRun(n, {r: 0 for r in range(4)}, True, 5.0) for n in ("baseline", "straggler")
+    }
     assert straggler.report(result) == 0
     out = capsys.readouterr().out
     assert re.search(r"^1 \(slow\)\s+80\.0\s+1\.0\s+81\.0\s+21\.0\s+3\.86x", out, re.M), out

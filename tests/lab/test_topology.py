@@ -44,8 +44,12 @@ def test_five_configurations_as_train_config_variants_torch_first_every_round():
     p = TopologyPlan(rounds=2)
     jobs = p.jobs()
     assert [j.job for j in jobs[:5]] == [
-        "torch-r1", "flat-r1", "hierarchical-r1", "hierarchical-fp16-r1", "auto-r1",
-    ]  # fmt: skip
+        "torch-r1",
+        "flat-r1",
+        "hierarchical-r1",
+        "hierarchical-fp16-r1",
+        "auto-r1",
+    ]
     assert [j.job for j in jobs[5:]] == [j.job.replace("-r1", "-r2") for j in jobs[:5]]
     assert p.total == len(jobs) == 10
     by = {j.conf.name: j.train for j in jobs[:5]}
@@ -60,11 +64,18 @@ def test_five_configurations_as_train_config_variants_torch_first_every_round():
     # the same data, model and steps everywhere: only the configuration's fields differ
     for train in by.values():
         assert (train.model, train.seed, train.steps, train.batch_size) == (
-            TRAIN_DEFAULTS.model, 0, TRAIN_DEFAULTS.steps, TRAIN_DEFAULTS.batch_size,
-        )  # fmt: skip
+            TRAIN_DEFAULTS.model,
+            0,
+            TRAIN_DEFAULTS.steps,
+            TRAIN_DEFAULTS.batch_size,
+        )
     assert [c.label for c in CONFIGURATIONS] == [
-        "torch DDP", "flat", "hierarchical", "hierarchical-fp16", "auto cap",
-    ]  # fmt: skip
+        "torch DDP",
+        "flat",
+        "hierarchical",
+        "hierarchical-fp16",
+        "auto cap",
+    ]
 
 
 def test_more_nodes_and_ranks():
@@ -136,9 +147,12 @@ def test_extra_caps_are_ours_flat_rows_after_the_five():
 
 @pytest.mark.parametrize(
     ("caps", "message"),
-    [((0.0,), "repeats a cap (the flat row already runs --bucket-cap-mb 0)"),
-     ((1.0, 1.0), "repeats a cap"), ((-1.0,), "--caps must be a finite number >= 0")],
-)  # fmt: skip
+    [
+        ((0.0,), "repeats a cap (the flat row already runs --bucket-cap-mb 0)"),
+        ((1.0, 1.0), "repeats a cap"),
+        ((-1.0,), "--caps must be a finite number >= 0"),
+    ],
+)
 def test_bad_caps(caps, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         TopologyPlan(caps=caps)

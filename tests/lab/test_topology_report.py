@@ -20,18 +20,23 @@ from tests.lab.latency_logs import write_logs
 
 PNG = b"\x89PNG\r\n\x1a\n"
 # Slowest rank's step ms per configuration, and the bytes per second each node's eth0 sends.
-STEP_MS = {"torch": 100.0, "flat": 103.0, "hierarchical": 45.0, "hierarchical-fp16": 40.0,
-           "auto": 95.0}  # fmt: skip
-TX_PER_S = {"torch": 8e6, "flat": 8e6, "hierarchical": 5e6, "hierarchical-fp16": 2.5e6,
-            "auto": 8e6}  # fmt: skip
+STEP_MS = {
+    "torch": 100.0,
+    "flat": 103.0,
+    "hierarchical": 45.0,
+    "hierarchical-fp16": 40.0,
+    "auto": 95.0,
+}
+TX_PER_S = {"torch": 8e6, "flat": 8e6, "hierarchical": 5e6, "hierarchical-fp16": 2.5e6, "auto": 8e6}
 STEPS, WARMUP = 8, 3
 
 
 def _counters(tx_per_s: float, t0: float = 990.0, t1: float = 1020.0) -> str:
     """A node's samples every 0.5 s: its counters grow linearly (rx at half the rate)."""
     n = int((t1 - t0) / 0.5) + 1
-    lines = [f"{t0 + i * 0.5:.4f} {int(tx_per_s * i * 0.5)} {int(tx_per_s * i * 0.25)}"
-             for i in range(n)]  # fmt: skip
+    lines = [
+        f"{t0 + i * 0.5:.4f} {int(tx_per_s * i * 0.5)} {int(tx_per_s * i * 0.25)}" for i in range(n)
+    ]
     return "\n".join(lines) + "\n1020.4"  # the last line cut by the stop
 
 
@@ -43,12 +48,17 @@ def _result(tmp_path: Path, parity: bool = True) -> TopologyResult:
     for conf in CONFIGURATIONS:
         job = f"{conf.name}-r1"
         base = STEP_MS[conf.name]
-        write_logs(result.run_dir / job / "logs", world=4, steps=STEPS,
-                   step_ms=lambda rank, step, base=base: base - rank * 0.5)  # fmt: skip
+        write_logs(
+            result.run_dir / job / "logs",
+            world=4,
+            steps=STEPS,
+            step_ms=lambda rank, step, base=base: base - rank * 0.5,
+        )
         ok = parity or conf.name != "hierarchical-fp16"
         counters = {n: _counters(TX_PER_S[conf.name]) for n in (0, 1)}
-        result.runs.append(ConfigRun(conf.name, 1, job, {r: 0 for r in range(4)}, ok, 9.0,
-                                     counters))  # fmt: skip
+        result.runs.append(
+            ConfigRun(conf.name, 1, job, {r: 0 for r in range(4)}, ok, 9.0, counters)
+        )
     return result
 
 
@@ -76,8 +86,9 @@ def test_rows_and_the_last_line(tmp_path):
     # The window: step 4's start on rank 0 to step 8's end on the last rank to finish it.
     window = jobs["torch-r1"].window
     assert window.start == 1004.0
-    assert window.end == pytest.approx(max(1008 + r * 0.002 + (100 - r * 0.5) / 1e3
-                                           for r in range(4)))  # fmt: skip
+    assert window.end == pytest.approx(
+        max(1008 + r * 0.002 + (100 - r * 0.5) / 1e3 for r in range(4))
+    )
     # Both nodes' eth0 sent at 8e6 B/s during it: the bytes per measured step.
     expected = 2 * 8e6 * (window.end - window.start) / (STEPS - WARMUP) / 1e6
     assert by["torch"].cross_mb_per_step == pytest.approx(expected)
@@ -92,8 +103,10 @@ def test_rows_and_the_last_line(tmp_path):
 
 def test_rounds_pool_their_steps():
     conf = CONFIGURATIONS[2]
-    jobs = [analysis.JobFigures([10.0, 12.0, 14.0], 3, None, 2, 1e-7),
-            analysis.JobFigures([20.0, 22.0, 24.0], 3, None, 2, 3e-7)]  # fmt: skip
+    jobs = [
+        analysis.JobFigures([10.0, 12.0, 14.0], 3, None, 2, 1e-7),
+        analysis.JobFigures([20.0, 22.0, 24.0], 3, None, 2, 3e-7),
+    ]
     row = analysis.make_row(conf, jobs, True)
     assert row.median_step_ms == 17.0 and row.round_step_ms == (12.0, 22.0)
     assert row.steps_measured == 6 and row.max_param_diff == 3e-7 and row.buckets == 2
@@ -155,11 +168,14 @@ def test_the_report_writes_its_page_and_summary(tmp_path, capsys):
 
 def test_auto_cap_line_compares_with_the_fastest_fixed_cap_and_its_spread():
     def row(config: str, ms: float, rounds: tuple[float, ...], autos=()) -> analysis.Row:
-        return analysis.Row(config, config, ms, rounds, 8, math.nan, 3, 0.0, True,
-                            auto_caps=autos)  # fmt: skip
+        return analysis.Row(config, config, ms, rounds, 8, math.nan, 3, 0.0, True, auto_caps=autos)
 
-    rows = [row("torch", 100.0, (99, 101)), row("flat", 90.0, (88, 92)),
-            row("auto", 84.0, (83, 85), (0.5, 0.5)), row("cap0.5", 80.0, (76, 84))]  # fmt: skip
+    rows = [
+        row("torch", 100.0, (99, 101)),
+        row("flat", 90.0, (88, 92)),
+        row("auto", 84.0, (83, 85), (0.5, 0.5)),
+        row("cap0.5", 80.0, (76, 84)),
+    ]
     line = text.auto_cap_line(rows)
     assert line.startswith("auto cap: chose 0.5 MB, 0.5 MB; median step 84.0 ms, 1.05x")
     assert "of 2 (ours cap0.5: 80.0 ms, its rounds 76/84 ms: spread 10%)" in line

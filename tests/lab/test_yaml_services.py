@@ -7,17 +7,28 @@ from lab.tools.yaml_services import AFTER_INIT, service, shell, words
 
 def test_a_service_is_the_yaml_of_its_parts():
     text = service(
-        "worker", "stack", profiles=["torchrun"], networks=["net"],
+        "worker",
+        "stack",
+        profiles=["torchrun"],
+        networks=["net"],
         depends_on={**AFTER_INIT, "rdzv": "service_started"},
-        environment=["A: '1'", "B: x  # kept"], entrypoint=shell(["echo a", "b;", "exit 0"]),
+        environment=["A: '1'", "B: x  # kept"],
+        entrypoint=shell(["echo a", "b;", "exit 0"]),
         deploy=["replicas: 2"],
-    )  # fmt: skip
+    )
     assert text.startswith("  worker:\n    profiles: [torchrun]\n    image: ${LAB_IMAGE:-")
     worker = yaml.safe_load(text)["worker"]
     assert list(worker) == [
-        "profiles", "image", "labels", "volumes", "networks", "depends_on", "environment",
-        "entrypoint", "deploy",
-    ]  # fmt: skip
+        "profiles",
+        "image",
+        "labels",
+        "volumes",
+        "networks",
+        "depends_on",
+        "environment",
+        "entrypoint",
+        "deploy",
+    ]
     assert worker["labels"] == {"lab.run": "stack"} and worker["volumes"] == ["shared:/shared"]
     assert worker["depends_on"] == {
         "init": {"condition": "service_completed_successfully"},
@@ -42,9 +53,14 @@ def test_without_the_volume_and_with_a_flow_entrypoint():
 
 def test_notes_trail_a_value_or_stand_above_a_block():
     text = service(
-        "x-node", "compose", anchor="&node", environment="&env\nK: v", entrypoint=words("env"),
-        notes={"lab.run": "found by down", "entrypoint": "what runs"}, indent=0,
-    )  # fmt: skip
+        "x-node",
+        "compose",
+        anchor="&node",
+        environment="&env\nK: v",
+        entrypoint=words("env"),
+        notes={"lab.run": "found by down", "entrypoint": "what runs"},
+        indent=0,
+    )
     lines = text.splitlines()
     assert lines[0] == "x-node: &node" and "  environment: &env" in lines
     label = next(line for line in lines if "lab.run" in line)

@@ -23,9 +23,13 @@ __all__ = ["lighthouse_argv", "main"]
 def lighthouse_argv(port: int, min_replicas: int, join_timeout_ms: int = 1000) -> list[str]:
     """The lighthouse's own flags for these settings."""
     return [
-        "--bind", f"[::]:{port}", "--min_replicas", str(min_replicas),
-        "--join_timeout_ms", str(join_timeout_ms),
-    ]  # fmt: skip
+        "--bind",
+        f"[::]:{port}",
+        "--min_replicas",
+        str(min_replicas),
+        "--join_timeout_ms",
+        str(join_timeout_ms),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,9 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=29510, help="port to listen on (default 29510)")
     p.add_argument("--min-replicas", type=int, required=True, help="smallest quorum allowed")
     p.add_argument(
-        "--join-timeout-ms", type=int, default=1000,
+        "--join-timeout-ms",
+        type=int,
+        default=1000,
         help="how long a quorum waits for a replica that may still be alive (default 1000)",
-    )  # fmt: skip
+    )
     args = p.parse_args(argv)
     if args.min_replicas < 1 or not 0 < args.port < 65536 or args.join_timeout_ms < 0:
         p.error("need --min-replicas >= 1, --port in 1..65535 and --join-timeout-ms >= 0")

@@ -14,6 +14,11 @@ class TorchftJob(LocalJob):
     def start_server(self) -> None:
         least = (self.world + 1) // 2  # a quorum of fewer than half is refused, as ours does
         self._start(
-            "coordinator", "-m", "ddp.recovery.tft.lighthouse", "--port", str(self.port),
-            "--min-replicas", str(least),
-        )  # fmt: skip
+            "coordinator",
+            "-m",
+            "ddp.recovery.tft.lighthouse",
+            "--port",
+            str(self.port),
+            "--min-replicas",
+            str(least),
+        )

@@ -45,14 +45,27 @@ class WatchedGloo(ProcessGroupGloo):
         super().__init__(*args, **kwargs)
         self.configured: Configured | None = None
 
-    def configure(self, store_addr: str, replica_id: str, rank: int, world_size: int,
-                  quorum_id: int | None = None, group_rank: int | None = None,
-                  group_world_size: int | None = None,
-                  global_ranks: list[int] | None = None) -> None:  # fmt: skip
+    def configure(
+        self,
+        store_addr: str,
+        replica_id: str,
+        rank: int,
+        world_size: int,
+        quorum_id: int | None = None,
+        group_rank: int | None = None,
+        group_world_size: int | None = None,
+        global_ranks: list[int] | None = None,
+    ) -> None:
         super().configure(
-            store_addr, replica_id, rank, world_size, quorum_id, group_rank, group_world_size,
+            store_addr,
+            replica_id,
+            rank,
+            world_size,
+            quorum_id,
+            group_rank,
+            group_world_size,
             global_ranks,
-        )  # fmt: skip
+        )
         # One rank per replica group: the manager's global ranks are the replicas' --rank.
         members = list(global_ranks or [])
         self.configured = Configured(int(quorum_id or 0), members, rank, time.time())

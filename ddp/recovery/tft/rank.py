@@ -53,21 +53,35 @@ def _manager(cfg: TrainConfig, replica: int, world: int, r: Replica) -> Manager:
     r.transport = WatchedTransport(host, timeout=timeout, num_chunks=0)
     r.pg = WatchedGloo(timeout=timeout)
     return Manager(
-        pg=r.pg, load_state_dict=r.load_state_dict, state_dict=r.state_dict,
-        min_replica_size=(world + 1) // 2, use_async_quorum=False, timeout=timeout,
-        quorum_timeout=timeout, connect_timeout=timeout, rank=0, world_size=1,
-        store_addr=host, store_port=store.port, lighthouse_addr=f"http://{cfg.coordinator}",
-        replica_id=f"replica_{replica}", hostname=host, checkpoint_transport=r.transport,
+        pg=r.pg,
+        load_state_dict=r.load_state_dict,
+        state_dict=r.state_dict,
+        min_replica_size=(world + 1) // 2,
+        use_async_quorum=False,
+        timeout=timeout,
+        quorum_timeout=timeout,
+        connect_timeout=timeout,
+        rank=0,
+        world_size=1,
+        store_addr=host,
+        store_port=store.port,
+        lighthouse_addr=f"http://{cfg.coordinator}",
+        replica_id=f"replica_{replica}",
+        hostname=host,
+        checkpoint_transport=r.transport,
         init_sync=False,  # every replica builds the same seeded model
-    )  # fmt: skip
+    )
 
 
 def _wrap(cfg: TrainConfig, r: Replica) -> DistributedDataParallel:
     model = DistributedDataParallel(
-        r.module, process_group=_local_group(), init_sync=False,
-        bucket_cap_mb=cfg.bucket_cap_mb, overlap=cfg.overlap,
+        r.module,
+        process_group=_local_group(),
+        init_sync=False,
+        bucket_cap_mb=cfg.bucket_cap_mb,
+        overlap=cfg.overlap,
         find_unused_parameters=cfg.model == "branchy",
-    )  # fmt: skip
+    )
     # The same plan on every replica, whatever order its first backward saw.
     model.restore_bucket_order(list(reversed(range(len(list(r.module.parameters()))))))
     model.register_comm_hook(r, manager_allreduce_hook)
@@ -116,9 +130,17 @@ def _step(cfg: TrainConfig, r: Replica, model: DistributedDataParallel) -> None:
     r.history.append({"step": step, "quorum": r.quorum_id, "world": world})
     step_ms = (time.perf_counter() - t0) * 1e3
     r.jlog.write(
-        StepRecord(r.replica, step, share, checksum(r.module), step_ms, comm_ms, wall0,
-                   num_buckets=model.num_buckets)
-    )  # fmt: skip
+        StepRecord(
+            r.replica,
+            step,
+            share,
+            checksum(r.module),
+            step_ms,
+            comm_ms,
+            wall0,
+            num_buckets=model.num_buckets,
+        )
+    )
 
 
 def train_torchft(
@@ -136,9 +158,11 @@ def train_torchft(
         while r.manager.current_step() < cfg.steps:
             _step(cfg, r, model)
         v = judge_history(r.history, cfg.steps, r.failed, r.quorums)
-        jlog.write(RecoveryVerdictRecord(
-            replica, v.holds, v.committed, cfg.steps, r.failed, r.quorums, 0, v.message
-        ))  # fmt: skip
+        jlog.write(
+            RecoveryVerdictRecord(
+                replica, v.holds, v.committed, cfg.steps, r.failed, r.quorums, 0, v.message
+            )
+        )
         jlog.write(EndRecord(replica, v.holds, params_sha256(r.module)))
         return v.holds
     finally:

@@ -48,11 +48,17 @@ class Replica(ReplicaJob):
         src = members[got.src_replica_rank] if got else -1
         self.jlog.write(
             HealRecord(
-                self.replica, self.pg.configured.quorum_id, self.manager.current_step(), src,
-                state_bytes(state), got.seconds if got else 0.0, time.time(),
-                self.registered_t, self.started_t,
+                self.replica,
+                self.pg.configured.quorum_id,
+                self.manager.current_step(),
+                src,
+                state_bytes(state),
+                got.seconds if got else 0.0,
+                time.time(),
+                self.registered_t,
+                self.started_t,
             )
-        )  # fmt: skip
+        )
 
     def note_quorum(self) -> None:
         """After ``start_quorum``: a quorum record when torchft reconfigured the group."""
@@ -80,7 +86,15 @@ class Replica(ReplicaJob):
         self.quorums += 1
         self.jlog.write(
             QuorumRecord(
-                self.replica, c.quorum_id, list(c.members), len(c.members), c.replica_rank,
-                c.t, reason, lost, joined, None,
+                self.replica,
+                c.quorum_id,
+                list(c.members),
+                len(c.members),
+                c.replica_rank,
+                c.t,
+                reason,
+                lost,
+                joined,
+                None,
             )
-        )  # fmt: skip
+        )

@@ -77,42 +77,57 @@ def _hooks(text: str) -> tuple[str, ...]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--rate-mbit", type=common.float_list, metavar="R[,R...]",
+        "--rate-mbit",
+        type=common.float_list,
+        metavar="R[,R...]",
         help="each node's egress cap in Mbit/s, comma-separated (default 20,100,1000,5000; "
         f"--quick {','.join(f'{r:g}' for r in QUICK.rates)})",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--comm-hooks", type=_hooks, metavar="H[,H...]",
+        "--comm-hooks",
+        type=_hooks,
+        metavar="H[,H...]",
         help=f"comm hooks to compare, comma-separated, none among them (default "
         f"{','.join(COMPRESSION_HOOKS)}; --quick {','.join(QUICK.hooks)})",
-    )  # fmt: skip
-    p.add_argument("--ms", type=common.number(0), default=0.0,
-                   help="one-way delay per packet on top of the cap (default 0)")  # fmt: skip
+    )
     p.add_argument(
-        "--shaper", choices=CHOICES, default="auto",
+        "--ms",
+        type=common.number(0),
+        default=0.0,
+        help="one-way delay per packet on top of the cap (default 0)",
+    )
+    p.add_argument(
+        "--shaper",
+        choices=CHOICES,
+        default="auto",
         help="auto: netem if the kernel has it, else the nfqueue delayer (default auto)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--warmup", type=common.number(0, kind=int), default=POWERSGD_START_ITER,
+        "--warmup",
+        type=common.number(0, kind=int),
+        default=POWERSGD_START_ITER,
         help="first steps left out of the medians: gloo's set-up and powersgd's "
         f"uncompressed steps (default {POWERSGD_START_ITER}, the least with powersgd)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--rounds", type=common.number(1, kind=int),
+        "--rounds",
+        type=common.number(1, kind=int),
         help="run every hook this often per rate, interleaved, and pool the steps (default 2; "
         f"--quick {QUICK.rounds})",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--nodes", type=common.number(2, kind=int),
+        "--nodes",
+        type=common.number(2, kind=int),
         help=f"containers, one rank each (default 4; --quick {QUICK.nodes})",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--quick", action="store_true",
+        "--quick",
+        action="store_true",
         help=f"about a minute: {QUICK.nodes} nodes, rates "
         f"{','.join(f'{r:g}' for r in QUICK.rates)}, hooks {','.join(QUICK.hooks)}, "
         f"{QUICK.rounds} round (each only where its flag is not given) of {QUICK.steps} steps "
         "(overrides --steps)",
-    )  # fmt: skip
+    )
     common.add_job_flags(p, _TRAIN_FIELDS, TRAIN_DEFAULTS, "one job")
 
 
@@ -126,11 +141,20 @@ def plan(args: argparse.Namespace) -> CompressPlan:
     nodes = args.nodes or (QUICK.nodes if quick else CompressPlan.nodes)
     hooks = args.comm_hooks or (QUICK.hooks if quick else CompressPlan.hooks)
     return CompressPlan(
-        rates=tuple(rates), hooks=tuple(hooks), ms=args.ms, shaper=args.shaper,
-        warmup=args.warmup, rounds=rounds, nodes=nodes, train=train,
-        run_timeout_s=args.run_timeout, image=args.image, runs_dir=args.runs_dir,
-        progress=args.progress, quick=quick,
-    )  # fmt: skip
+        rates=tuple(rates),
+        hooks=tuple(hooks),
+        ms=args.ms,
+        shaper=args.shaper,
+        warmup=args.warmup,
+        rounds=rounds,
+        nodes=nodes,
+        train=train,
+        run_timeout_s=args.run_timeout,
+        image=args.image,
+        runs_dir=args.runs_dir,
+        progress=args.progress,
+        quick=quick,
+    )
 
 
 def report(result: CompressResult) -> int:

@@ -104,8 +104,9 @@ def job_figures(logs: Logs, warmup: int, where: str) -> JobFigures:
         )
     last = complete[max(complete)]
     ref = [r for r in last if r.ref_loss is not None]
-    diffs = [r.max_param_diff for log in logs.values() for r in log.steps
-             if r.max_param_diff is not None]  # fmt: skip
+    diffs = [
+        r.max_param_diff for log in logs.values() for r in log.steps if r.max_param_diff is not None
+    ]
     first = configs[0]
     assert first is not None
     return JobFigures(
@@ -144,9 +145,13 @@ def _nan(value: float | None) -> float:
 
 
 def make_row(
-    rate_mbit: float, hook: str, jobs: Sequence[JobFigures], sent_mb: Sequence[float],
-    parity: bool, steps: int,
-) -> Row:  # fmt: skip
+    rate_mbit: float,
+    hook: str,
+    jobs: Sequence[JobFigures],
+    sent_mb: Sequence[float],
+    parity: bool,
+    steps: int,
+) -> Row:
     """A hook's row at one rate from its rounds' figures (final loss and diffs from round 1:
     every round trains the same seed and data)."""
     measured = [ms for job in jobs for ms in job.step_ms]
@@ -159,11 +164,20 @@ def make_row(
         job_wire = job_payload_bytes(hook, first.bucket_shapes, steps) / 1e6 * ring
     ref = first.ref_final_loss
     return Row(
-        rate_mbit, hook, statistics.median(measured),
-        tuple(statistics.median(job.step_ms) for job in jobs), len(measured), first.final_loss,
-        first.final_loss - ref if ref is not None else math.nan, _nan(first.max_param_diff),
-        payload, wire, job_wire, statistics.median(sent_mb) if sent_mb else math.nan, parity,
-    )  # fmt: skip
+        rate_mbit,
+        hook,
+        statistics.median(measured),
+        tuple(statistics.median(job.step_ms) for job in jobs),
+        len(measured),
+        first.final_loss,
+        first.final_loss - ref if ref is not None else math.nan,
+        _nan(first.max_param_diff),
+        payload,
+        wire,
+        job_wire,
+        statistics.median(sent_mb) if sent_mb else math.nan,
+        parity,
+    )
 
 
 def derive_rows(rows: list[Row]) -> list[Row]:
@@ -174,10 +188,13 @@ def derive_rows(rows: list[Row]) -> list[Row]:
         if base is None:
             out.append(row)
             continue
-        out.append(dataclasses.replace(
-            row, speedup_vs_none=base.median_step_ms / row.median_step_ms,
-            loss_vs_none=row.final_loss - base.final_loss,
-        ))  # fmt: skip
+        out.append(
+            dataclasses.replace(
+                row,
+                speedup_vs_none=base.median_step_ms / row.median_step_ms,
+                loss_vs_none=row.final_loss - base.final_loss,
+            )
+        )
     return out
 
 
@@ -211,14 +228,22 @@ def crossovers(rows: Sequence[Row]) -> list[Crossover]:
     """Per hook other than ``none`` (in row order), from its speedups at the measured rates."""
     out = []
     for hook in dict.fromkeys(r.hook for r in rows if r.hook != BASELINE):
-        pts = sorted((r.rate_mbit, r.speedup_vs_none) for r in rows
-                     if r.hook == hook and math.isfinite(r.speedup_vs_none))  # fmt: skip
+        pts = sorted(
+            (r.rate_mbit, r.speedup_vs_none)
+            for r in rows
+            if r.hook == hook and math.isfinite(r.speedup_vs_none)
+        )
         crossings = []
         for (r0, s0), (r1, s1) in itertools.pairwise(pts):
             if (s0 > 1) != (s1 > 1) and s0 != 1 and s1 != 1:
                 crossings.append((r0, r1, _crossing(r0, s0, r1, s1)))
-        out.append(Crossover(
-            hook, tuple(r for r, _ in pts), tuple(s for _, s in pts),
-            tuple(r for r, s in pts if s > 1), tuple(crossings),
-        ))  # fmt: skip
+        out.append(
+            Crossover(
+                hook,
+                tuple(r for r, _ in pts),
+                tuple(s for _, s in pts),
+                tuple(r for r, s in pts if s > 1),
+                tuple(crossings),
+            )
+        )
     return out

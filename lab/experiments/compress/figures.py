@@ -32,16 +32,27 @@ def plot_compress(path: Path, rows: Sequence[Row], cs: Sequence[Crossover], titl
     for hook in hooks:
         pts = sorted((r.rate_mbit, r.median_step_ms) for r in rows if r.hook == hook)
         ax_t.plot(*zip(*pts, strict=True), "-o", color=color[hook], label=hook)
-        sp = sorted((r.rate_mbit, r.speedup_vs_none) for r in _finite(rows, "speedup_vs_none")
-                    if r.hook == hook)  # fmt: skip
+        sp = sorted(
+            (r.rate_mbit, r.speedup_vs_none)
+            for r in _finite(rows, "speedup_vs_none")
+            if r.hook == hook
+        )
         if sp and hook != "none":
             ax_s.plot(*zip(*sp, strict=True), "-o", color=color[hook], label=hook)
     for c in cs:
         for _, _, x in c.crossings:
             ax_s.axvline(x, color=color[c.hook], linestyle=":", linewidth=1)
-            ax_s.annotate(f"{c.hook} ~{x:.0f}", (x, 1.0), textcoords="offset points",
-                          xytext=(-2, 6), fontsize=8, color=color[c.hook], rotation=90,
-                          ha="right", va="bottom")  # fmt: skip
+            ax_s.annotate(
+                f"{c.hook} ~{x:.0f}",
+                (x, 1.0),
+                textcoords="offset points",
+                xytext=(-2, 6),
+                fontsize=8,
+                color=color[c.hook],
+                rotation=90,
+                ha="right",
+                va="bottom",
+            )
     for ax in (ax_t, ax_s):
         ax.set_xscale("log")
         ax.set_xlabel("link cap per node (Mbit/s, log scale)")
@@ -68,19 +79,31 @@ def _plot_price(ax_q, rows: Sequence[Row], color: dict[str, str]) -> None:
     lowest = min(r.rate_mbit for r in rows)
     at = [r for r in rows if r.rate_mbit == lowest]
     xs = range(len(at))
-    ax_q.bar(xs, [0.0 if math.isnan(r.loss_vs_none) else r.loss_vs_none for r in at],
-             color=[color[r.hook] for r in at])  # fmt: skip
+    ax_q.bar(
+        xs,
+        [0.0 if math.isnan(r.loss_vs_none) else r.loss_vs_none for r in at],
+        color=[color[r.hook] for r in at],
+    )
     ax_q.set_xticks(list(xs), [r.hook for r in at])
     ax_q.axhline(0.0, color="black", linewidth=0.8)
     ax_q.set_ylabel("final loss minus none's (bars)")
     ax_q.set_title("price: final loss (bars), max |param diff| vs exact (dots)", fontsize=10)
     ax_d = ax_q.twinx()
-    diffs = [(i, r.max_param_diff) for i, r in enumerate(at)
-             if math.isfinite(r.max_param_diff) and r.max_param_diff > 0]  # fmt: skip
+    diffs = [
+        (i, r.max_param_diff)
+        for i, r in enumerate(at)
+        if math.isfinite(r.max_param_diff) and r.max_param_diff > 0
+    ]
     if diffs:
         ax_d.plot(*zip(*diffs, strict=True), "kD", markersize=6)
         for i, d in diffs:
-            ax_d.annotate(f"{d:.1e}", (i, d), textcoords="offset points", xytext=(6, 0),
-                          fontsize=8, va="center")  # fmt: skip
+            ax_d.annotate(
+                f"{d:.1e}",
+                (i, d),
+                textcoords="offset points",
+                xytext=(6, 0),
+                fontsize=8,
+                va="center",
+            )
         ax_d.set_yscale("log")
     ax_d.set_ylabel("max |param diff| vs exact single process (log)")

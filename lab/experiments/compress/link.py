@@ -21,9 +21,20 @@ def capped(
     cluster: Cluster, plan: CompressPlan, rate_mbit: float, max_seconds: float
 ) -> Iterator[LinkInfo]:
     """Shape every node at ``rate_mbit`` (and ``plan.ms``), yield what was measured, undo."""
-    with verified_link(cluster, f"at {rate_mbit:g} Mbit/s", plan.ms, plan.shaper, rate_mbit,
-                       max_seconds=max_seconds) as rep:  # fmt: skip
+    with verified_link(
+        cluster,
+        f"at {rate_mbit:g} Mbit/s",
+        plan.ms,
+        plan.shaper,
+        rate_mbit,
+        max_seconds=max_seconds,
+    ) as rep:
         yield LinkInfo(
-            rate_mbit, rep.shaper, rep.line(), rep.note, rep.bulk.get("mbit_s"),
-            rep.measured.get("p50_ms"), rep.baseline.get("p50_ms"),
-        )  # fmt: skip
+            rate_mbit,
+            rep.shaper,
+            rep.line(),
+            rep.note,
+            rep.bulk.get("mbit_s"),
+            rep.measured.get("p50_ms"),
+            rep.baseline.get("p50_ms"),
+        )

@@ -39,8 +39,10 @@ def combine_rounds(result: CompressResult) -> list[Row]:
         groups.setdefault((run.rate_mbit, run.hook), []).append(run)
     rows = []
     for (rate, hook), group in groups.items():
-        jobs = [job_figures(load_run(result.log_dir(run)), result.plan.warmup,
-                            str(result.log_dir(run))) for run in group]  # fmt: skip
+        jobs = [
+            job_figures(load_run(result.log_dir(run)), result.plan.warmup, str(result.log_dir(run)))
+            for run in group
+        ]
         sent = [max(run.tx_bytes.values()) / 1e6 for run in group if run.tx_bytes]
         parity = all(run.parity for run in group)
         rows.append(make_row(rate, hook, jobs, sent, parity, result.plan.train.steps))
@@ -106,9 +108,13 @@ def write_outputs(result: CompressResult) -> Outputs:
     path("compress.txt").write_text("\n".join([table, *crossover_lines(cs)]) + "\n")
     write_csv(path("compress.csv"), rows)
     delay = f", {plan.ms:g} ms one-way delay" if plan.ms else ""
-    figures.plot_compress(path("compress.png"), rows, cs,
-                          f"{plan.nodes} ranks, model {plan.train.model}, gradient compression "
-                          f"under a bandwidth cap{delay}")  # fmt: skip
+    figures.plot_compress(
+        path("compress.png"),
+        rows,
+        cs,
+        f"{plan.nodes} ranks, model {plan.train.model}, gradient compression "
+        f"under a bandwidth cap{delay}",
+    )
     trace = _trace(result)
     if trace is not None:
         path("trace.json").write_text(json.dumps(trace))

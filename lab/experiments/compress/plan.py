@@ -38,8 +38,9 @@ DEFAULT_HOOKS = COMPRESSION_HOOKS
 # over 4 ranks (each sends 1.5 x 2.67 MB) takes ~1.6 s: communication dominates the ~10 ms of
 # compute, so the cap decides the step time. Steps 1 and 2 are warm-up (gloo's connection
 # set-up, and PowerSGD's plain-allreduce iterations): 10 measured steps per job and round.
-TRAIN_DEFAULTS = TrainConfig(model="deep", steps=12, batch_size=64, seed=0,
-                             collective_timeout_s=60.0)  # fmt: skip
+TRAIN_DEFAULTS = TrainConfig(
+    model="deep", steps=12, batch_size=64, seed=0, collective_timeout_s=60.0
+)
 
 
 @dataclass(frozen=True)

@@ -37,14 +37,27 @@ def _run_job(cluster: Cluster, plan: CompressPlan, p: Planned, echo: Callable) -
     started = time.monotonic()
     before = _tx_bytes(cluster)
     job = train_to_end(
-        cluster, p.job, p.train, plan.run_timeout_s, progress=plan.progress, echo=echo,
+        cluster,
+        p.job,
+        p.train,
+        plan.run_timeout_s,
+        progress=plan.progress,
+        echo=echo,
         where=f"{p.hook} at {p.rate_mbit:g} Mbit/s (round {p.round})",
         slow_hint="a low --rate-mbit makes steps slow",
-    )  # fmt: skip
+    )
     after = _tx_bytes(cluster)
     tx = {n: after[n] - before[n] for n in before}
-    return HookRun(p.rate_mbit, p.round, p.hook, p.job, dict(job.codes), holds(job),
-                   time.monotonic() - started, tx)  # fmt: skip
+    return HookRun(
+        p.rate_mbit,
+        p.round,
+        p.hook,
+        p.job,
+        dict(job.codes),
+        holds(job),
+        time.monotonic() - started,
+        tx,
+    )
 
 
 def _describe(run: HookRun, done: int, total: int) -> str:
@@ -60,7 +73,12 @@ def run(plan: CompressPlan, echo: Callable[[str], None] = print) -> CompressResu
     """Start the nodes, cap and verify each rate, run every hook; the cluster collects the
     logs into ``runs_dir/<run-id>/<job>/`` and removes everything, always."""
     return run_sweep(
-        plan, plan.rate_order, new_result=CompressResult, link=capped, run_job=_run_job,
+        plan,
+        plan.rate_order,
+        new_result=CompressResult,
+        link=capped,
+        run_job=_run_job,
         header=lambda r: f"run {r.run_id}: {plan.describe()}; output in {r.run_dir}/",
-        describe=_describe, echo=echo,
-    )  # fmt: skip
+        describe=_describe,
+        echo=echo,
+    )

@@ -101,28 +101,39 @@ def _renamed(text: str) -> None:
 def _add_live_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("live recovery (--recovery live: no restart, no checkpoint)")
     g.add_argument(
-        "--recovery", choices=("restart", "live", "torchft"), default="restart",
+        "--recovery",
+        choices=("restart", "live", "torchft"),
+        default="restart",
         help="restart: the survivors exit with a diagnosis (with --recover every rank restarts "
         "from a checkpoint); live: they go on in a new quorum within seconds, and the run is "
         "compared with the restart path on the same job (default restart)",
-    )  # fmt: skip
-    g.add_argument("--rejoin", action="store_true",
-                   help="--recovery live: start a replacement for the lost rank once the "
-                   "survivors committed a step without it; it heals from a peer")  # fmt: skip
-    g.add_argument("--heartbeat-timeout", type=common.number(0, strict=True), metavar="S",
-                   help="--recovery live: a rank whose heartbeats stop this long leaves the "
-                   f"quorum (default {LIVE_TRAIN.heartbeat_timeout_s:g})")  # fmt: skip
+    )
+    g.add_argument(
+        "--rejoin",
+        action="store_true",
+        help="--recovery live: start a replacement for the lost rank once the "
+        "survivors committed a step without it; it heals from a peer",
+    )
+    g.add_argument(
+        "--heartbeat-timeout",
+        type=common.number(0, strict=True),
+        metavar="S",
+        help="--recovery live: a rank whose heartbeats stop this long leaves the "
+        f"quorum (default {LIVE_TRAIN.heartbeat_timeout_s:g})",
+    )
     g.add_argument(
         "--no-compare",
         action="store_true",
         help="--recovery live: skip the restart path's run on the same job",
     )
     g.add_argument(
-        "--compare", metavar="LIST", default=None,
+        "--compare",
+        metavar="LIST",
+        default=None,
         help="--recovery live|torchft: the other paths to run on the same job, comma-separated: "
         "restart, torchft (default restart; torchft needs an image built with "
         "`python -m lab image --extras torchft`)",
-    )  # fmt: skip
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -188,8 +199,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _live_plan(args: argparse.Namespace) -> LivePlan:
     if args.launcher != "file" or args.recover:
-        raise ValueError("--recovery live runs its own ranks and compares with --recover's "
-                         "path itself: drop --launcher torchrun and --recover")  # fmt: skip
+        raise ValueError(
+            "--recovery live runs its own ranks and compares with --recover's "
+            "path itself: drop --launcher torchrun and --recover"
+        )
     # what was given (differs from the restart path's defaults) replaces the live defaults
     names = [*_TRAIN_FIELDS, "collective_timeout_s"]
     given = {f: getattr(args, f) for f in names if getattr(args, f) != getattr(DEFAULT_TRAIN, f)}
@@ -199,10 +212,19 @@ def _live_plan(args: argparse.Namespace) -> LivePlan:
     restart, torchft = options.compared(args)
     live = LivePlan(
         rank=host_rank(args.host, args.mode, args.nodes) if args.rank is None else args.rank,
-        at_step=args.at_step, mode=args.mode, train=train, nodes=args.nodes, rejoin=args.rejoin,
-        compare=restart, run_timeout_s=args.run_timeout, image=args.image,
-        runs_dir=args.runs_dir, progress=args.progress, recovery=args.recovery, torchft=torchft,
-    )  # fmt: skip
+        at_step=args.at_step,
+        mode=args.mode,
+        train=train,
+        nodes=args.nodes,
+        rejoin=args.rejoin,
+        compare=restart,
+        run_timeout_s=args.run_timeout,
+        image=args.image,
+        runs_dir=args.runs_dir,
+        progress=args.progress,
+        recovery=args.recovery,
+        torchft=torchft,
+    )
     if args.recovery == "torchft" or torchft:
         options.require_torchft(args.image)
     return live
@@ -221,8 +243,9 @@ def _lost_nodes(args: argparse.Namespace) -> tuple[int, ...]:
 def plan(args: argparse.Namespace) -> KillPlan | TorchrunKillPlan | LivePlan:
     if args.recovery in ("live", "torchft"):
         return _live_plan(args)
-    live_only = [f for f in ("rejoin", "heartbeat_timeout", "no_compare", "compare")
-                 if getattr(args, f)]  # fmt: skip
+    live_only = [
+        f for f in ("rejoin", "heartbeat_timeout", "no_compare", "compare") if getattr(args, f)
+    ]
     if live_only:
         flag = "--" + live_only[0].replace("_", "-")
         raise ValueError(f"{flag} goes with --recovery live: add it, or drop {flag}")

@@ -57,9 +57,12 @@ def restart_timeline(events: Iterable[Event], fault_t: float, fault: str) -> lis
         elif isinstance(e, RecordEvent) and isinstance(e.record, ConfigRecord) and not resumed:
             resumed = e
             moments.append(
-                (e.t, f"workers restarted: rank {e.record.rank} (node{e.node}) set up, "
-                      f"resuming after step {e.record.start_step}")
-            )  # fmt: skip
+                (
+                    e.t,
+                    f"workers restarted: rank {e.record.rank} (node{e.node}) set up, "
+                    f"resuming after step {e.record.start_step}",
+                )
+            )
         elif isinstance(e, RecordEvent) and e.record.rank == 0:
             if isinstance(e.record, StepRecord) and resumed and first_step is None:
                 first_step = e

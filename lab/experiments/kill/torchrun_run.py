@@ -127,9 +127,10 @@ def _faulted(
     cluster: Cluster, plan: TorchrunKillPlan, echo: _Echo
 ) -> tuple[JobOutcome, WorkerKill, list[Event]]:
     what = (
-        f"take node{plan.lost[0]}'s host away" if plan.mode == "host"
+        f"take node{plan.lost[0]}'s host away"
+        if plan.mode == "host"
         else f"SIGKILL rank {plan.rank}'s worker process"
-    )  # fmt: skip
+    )
     echo(
         f"== fault: {what} as soon as rank {plan.rank} reports step {plan.at_step - 1}, then "
         f"torchrun restarts the workers (logs in {job_dir('fault')}/logs)"

@@ -88,68 +88,98 @@ _BACKWARD = next(f for f in dataclasses.fields(TrainConfig) if f.name == "backwa
 def _add_sweep_arguments(p: argparse.ArgumentParser) -> None:
     """What a single-phase sweep runs on its link: the caps, and overlap on, off or both."""
     p.add_argument(
-        "--caps", type=common.cap_list, default=DEFAULT_CAPS,
+        "--caps",
+        type=common.cap_list,
+        default=DEFAULT_CAPS,
         help="bucket caps in MB, comma-separated; 0 = per parameter, auto = the wrapper times "
         "the link and picks its own (default "
         f"{','.join(f'{c:g}' for c in DEFAULT_CAPS)})",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--overlap", choices=_OVERLAPS, default="both",
+        "--overlap",
+        choices=_OVERLAPS,
+        default="both",
         help="which overlap settings each cap of a single-phase sweep runs with (default both)",
-    )  # fmt: skip
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--ms", type=common.number(0), action="append",
+        "--ms",
+        type=common.number(0),
+        action="append",
         help="one-way delay per packet in ms (round trip +2x); repeat for several "
         "(default 5; 0 = unshaped)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--shaper", choices=CHOICES, default="auto",
+        "--shaper",
+        choices=CHOICES,
+        default="auto",
         help="auto: netem if the kernel has it, else the nfqueue delayer (default auto)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--rate-mbit", type=common.number(0), default=DEFAULT_RATE_MBIT,
+        "--rate-mbit",
+        type=common.number(0),
+        default=DEFAULT_RATE_MBIT,
         help="also limit each node's rate (tbf), so that communication is bandwidth-bound and "
         "serial, which is when overlap pays; 0 = no limit (default %(default)g)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--node-ms", type=common.node_value, action="append", metavar="NODE:MS",
+        "--node-ms",
+        type=common.node_value,
+        action="append",
+        metavar="NODE:MS",
         help="this node's one-way delay instead of --ms (an asymmetric link, e.g. one slow "
         "node: 2:20); repeat for several",
-    )  # fmt: skip
+    )
     common.add_impairments(p)
     _add_sweep_arguments(p)
     p.add_argument(
-        "--warmup", type=common.number(0, kind=int), default=2,
+        "--warmup",
+        type=common.number(0, kind=int),
+        default=2,
         help="first steps left out of the medians (gloo connection set-up) (default 2)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--rounds", type=common.number(1, kind=int), default=_ROUNDS,
+        "--rounds",
+        type=common.number(1, kind=int),
+        default=_ROUNDS,
         help="run the whole plan this often, interleaved, and pool the steps: drift of the "
         "host's load then hits every configuration alike (default %(default)s)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--backward-ms", dest="backward_delay_ms", type=common.number(0), default=0.0,
-        metavar="MS", help="a model of accelerator compute, added to the real CPU compute: "
+        "--backward-ms",
+        dest="backward_delay_ms",
+        type=common.number(0),
+        default=0.0,
+        metavar="MS",
+        help="a model of accelerator compute, added to the real CPU compute: "
         f"{_BACKWARD.metadata['help']} (ddp train's {flag_of('backward_delay_ms')}; default 0)",
-    )  # fmt: skip
-    p.add_argument("--nodes", type=common.number(2, kind=int), default=DEFAULT_NODES,
-                   help="containers, one rank each (default %(default)s: a core per rank on "
-                   "a 2-core host)")  # fmt: skip
+    )
     p.add_argument(
-        "--quick", action="store_true",
+        "--nodes",
+        type=common.number(2, kind=int),
+        default=DEFAULT_NODES,
+        help="containers, one rank each (default %(default)s: a core per rank on a 2-core host)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
         help=f"a first look: {QUICK['rounds']} round of {QUICK['steps']} steps (where --rounds "
         "and --steps are not given); both phases of the default, or with explicit settings caps "
         f"{','.join(f'{c:g}' for c in QUICK['caps'])} where --caps is not given",
-    )  # fmt: skip
-    p.add_argument("--cpus", type=common.number(0, strict=True), metavar="CORES",
-                   help="every node's CPU limit in cores (default: none)")  # fmt: skip
+    )
     p.add_argument(
-        "--timeline-cap", type=common.number(0),
+        "--cpus",
+        type=common.number(0, strict=True),
+        metavar="CORES",
+        help="every node's CPU limit in cores (default: none)",
+    )
+    p.add_argument(
+        "--timeline-cap",
+        type=common.number(0),
         help="cap (MB) of the Gantt chart (default: the fastest bucketed cap with overlap on)",
-    )  # fmt: skip
+    )
     common.add_job_flags(p, _TRAIN_FIELDS, TRAIN_DEFAULTS, "one configuration (one round of it)")
 
 
@@ -158,10 +188,12 @@ def _phased(args: argparse.Namespace, train: TrainConfig) -> bool:
     values left at their defaults: a single-phase sweep of every cap, overlap on and off)."""
     workload = (train.model, train.batch_size, train.backward_delay_ms)
     return (
-        args.caps == DEFAULT_CAPS and args.rate_mbit == DEFAULT_RATE_MBIT
-        and args.timeline_cap is None and args.overlap == "both"
+        args.caps == DEFAULT_CAPS
+        and args.rate_mbit == DEFAULT_RATE_MBIT
+        and args.timeline_cap is None
+        and args.overlap == "both"
         and workload == (TRAIN_DEFAULTS.model, TRAIN_DEFAULTS.batch_size, 0.0)
-    )  # fmt: skip
+    )
 
 
 def plan(args: argparse.Namespace) -> LatencyPlan:
@@ -175,18 +207,29 @@ def plan(args: argparse.Namespace) -> LatencyPlan:
         if train.steps == TRAIN_DEFAULTS.steps:
             train = train.replace(steps=QUICK["steps"])
     return LatencyPlan(
-        ms=tuple(args.ms) if args.ms else (5.0,), shaper=args.shaper,
-        rate_mbit=args.rate_mbit or None, caps=tuple(args.caps), warmup=args.warmup,
-        rounds=args.rounds, nodes=args.nodes,
-        train=train, timeline_cap=args.timeline_cap,
-        run_timeout_s=args.run_timeout, image=args.image, runs_dir=args.runs_dir,
-        progress=args.progress, impair=common.impairments(args),
-        node_ms=tuple(args.node_ms or ()), cpus=args.cpus, phased=phased,
+        ms=tuple(args.ms) if args.ms else (5.0,),
+        shaper=args.shaper,
+        rate_mbit=args.rate_mbit or None,
+        caps=tuple(args.caps),
+        warmup=args.warmup,
+        rounds=args.rounds,
+        nodes=args.nodes,
+        train=train,
+        timeline_cap=args.timeline_cap,
+        run_timeout_s=args.run_timeout,
+        image=args.image,
+        runs_dir=args.runs_dir,
+        progress=args.progress,
+        impair=common.impairments(args),
+        node_ms=tuple(args.node_ms or ()),
+        cpus=args.cpus,
+        phased=phased,
         overlaps=_OVERLAPS[args.overlap],
-    )  # fmt: skip
+    )
 
 
 def report(result: SweepResult) -> int:
     """Exit 0 when parity held in every allreduce configuration, else 1."""
-    return report_sweep(result, write_outputs, closing, took="sweep took",
-                        results=latency_results, name=NAME)  # fmt: skip
+    return report_sweep(
+        result, write_outputs, closing, took="sweep took", results=latency_results, name=NAME
+    )

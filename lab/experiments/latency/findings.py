@@ -56,10 +56,13 @@ def accumulation_line(rows: Sequence[Row], ms: float) -> str:
     for group in phase_groups(rows, ms):
         for acc in (r for r in group if r.accumulate > 1 and not r.is_floor):
             base = next(
-                (r for r in group if r.accumulate == 1 and (r.cap_mb, r.overlap)
-                 == (acc.cap_mb, acc.overlap)),
+                (
+                    r
+                    for r in group
+                    if r.accumulate == 1 and (r.cap_mb, r.overlap) == (acc.cap_mb, acc.overlap)
+                ),
                 None,
-            )  # fmt: skip
+            )
             if base is None or not (base.samples and acc.samples and acc.median_comm_ms > 0):
                 continue
             drop = base.comm_ms_per_sample / acc.comm_ms_per_sample

@@ -29,11 +29,24 @@ def link(
         yield LinkReport(ms, "none", phase.intro, line, phase=phase.key)
         return
     where = f"at {ms:g} ms" + (f" ({phase.title} phase)" if phase.key else "")
-    with verified_link(cluster, where, ms, plan.shaper, rate,
-                       max_seconds=max_seconds, node_ms=dict(plan.node_ms),
-                       impair=plan.impair) as rep:  # fmt: skip
+    with verified_link(
+        cluster,
+        where,
+        ms,
+        plan.shaper,
+        rate,
+        max_seconds=max_seconds,
+        node_ms=dict(plan.node_ms),
+        impair=plan.impair,
+    ) as rep:
         note = "\n".join(n for n in (phase.intro, rep.note) if n)
         yield LinkReport(
-            ms, rep.shaper, note, rep.line(), rep.measured.get("p50_ms"),
-            rep.measured.get("p90_ms"), rep.baseline.get("p50_ms"), phase.key,
-        )  # fmt: skip
+            ms,
+            rep.shaper,
+            note,
+            rep.line(),
+            rep.measured.get("p50_ms"),
+            rep.measured.get("p90_ms"),
+            rep.baseline.get("p50_ms"),
+            phase.key,
+        )

@@ -44,11 +44,20 @@ def _row(result: SweepResult, group: list[ConfigRun]) -> Row:
     run = group[0]
     conf, train = run.conf, (run.phase.train if run.phase else result.plan.train)
     return Row(
-        run.ms, conf.label, conf.cap_mb, conf.overlap, stats.calls, stats.median_step_ms,
-        stats.median_comm_ms, stats.steps_measured, None if None in parities else all(parities),
-        phase=run.phase_key, accumulate=conf.accumulate,
-        samples=train.batch_size * conf.accumulate, auto_caps=stats.auto_caps,
-    )  # fmt: skip
+        run.ms,
+        conf.label,
+        conf.cap_mb,
+        conf.overlap,
+        stats.calls,
+        stats.median_step_ms,
+        stats.median_comm_ms,
+        stats.steps_measured,
+        None if None in parities else all(parities),
+        phase=run.phase_key,
+        accumulate=conf.accumulate,
+        samples=train.batch_size * conf.accumulate,
+        auto_caps=stats.auto_caps,
+    )
 
 
 def combine_rounds(result: SweepResult) -> list[Row]:
@@ -171,8 +180,9 @@ def _timelines(
         conf = run.conf
         if conf.cap_mb == cap and run.phase_key == phase and conf.accumulate == 1:
             pair.append(lines[-1])
-            timings.append(time_buckets(logs, result.plan.warmup, conf.label, bool(conf.overlap),
-                                        where))  # fmt: skip
+            timings.append(
+                time_buckets(logs, result.plan.warmup, conf.label, bool(conf.overlap), where)
+            )
     return lines, pair, steps, timings
 
 
@@ -199,11 +209,17 @@ def _gantt(result: SweepResult, rows: list[Row], files: list[Path]) -> dict:
 
 def _phases(result: SweepResult) -> list[dict]:
     return [
-        {"key": p.key, "title": p.title, "ms": p.ms, "rate_mbit": p.rate_mbit,
-         "lesson": p.lesson, "train": p.train.to_dict(),
-         "configurations": [c.label for c in p.configurations]}
+        {
+            "key": p.key,
+            "title": p.title,
+            "ms": p.ms,
+            "rate_mbit": p.rate_mbit,
+            "lesson": p.lesson,
+            "train": p.train.to_dict(),
+            "configurations": [c.label for c in p.configurations],
+        }
         for p in result.plan.phases()
-    ]  # fmt: skip
+    ]
 
 
 def write_outputs(result: SweepResult) -> Outputs:

@@ -177,12 +177,17 @@ def default_phases(ms: float, train: TrainConfig, rate_mbit: float | None) -> tu
     and off, the auto cap)."""
     on = [Configuration(0.0, True), Configuration(0.15, True), Configuration(25.0, True)]
     latency = (
-        Configuration(None), *on, Configuration(AUTO, True), Configuration(0.0, True, ACCUMULATE)
-    )  # fmt: skip
-    bandwidth = (
-        Configuration(None), Configuration(0.15, True), Configuration(0.15, False),
+        Configuration(None),
+        *on,
         Configuration(AUTO, True),
-    )  # fmt: skip
+        Configuration(0.0, True, ACCUMULATE),
+    )
+    bandwidth = (
+        Configuration(None),
+        Configuration(0.15, True),
+        Configuration(0.15, False),
+        Configuration(AUTO, True),
+    )
     small = train.replace(batch_size=PHASE_BATCH)
     modelled = small.replace(backward_delay_ms=BANDWIDTH_BACKWARD_MS)
     return (

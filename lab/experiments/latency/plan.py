@@ -61,8 +61,9 @@ DEFAULT_CAPS = (0.0, 0.15, 25.0)  # MB
 QUICK = {"steps": 5, "rounds": 1, "caps": (0.0, 0.15)}
 # The collective timeout is well below the run timeout, so a rank that lost a peer says so
 # (its diagnosis) before lab stops the configuration.
-TRAIN_DEFAULTS = TrainConfig(model="tower", steps=6, batch_size=768, seed=0,
-                             collective_timeout_s=60.0)  # fmt: skip
+TRAIN_DEFAULTS = TrainConfig(
+    model="tower", steps=6, batch_size=768, seed=0, collective_timeout_s=60.0
+)
 
 
 def job_name(conf: Configuration, ms: float, round_: int, phase: str = "") -> str:

@@ -28,17 +28,24 @@ def _in(p: Planned) -> str:
 def _run_config(cluster: Cluster, plan: LatencyPlan, p: Planned, echo: Callable) -> ConfigRun:
     started = time.monotonic()
     job = train_to_end(
-        cluster, p.job, p.train, plan.run_timeout_s, progress=plan.progress, echo=echo,
+        cluster,
+        p.job,
+        p.train,
+        plan.run_timeout_s,
+        progress=plan.progress,
+        echo=echo,
         where=f"{p.conf.label} at {p.ms:g} ms{_in(p)} (round {p.round})",
-        slow_hint="a low --rate-mbit makes steps slow", broken_parity_ok=True,
-    )  # fmt: skip
+        slow_hint="a low --rate-mbit makes steps slow",
+        broken_parity_ok=True,
+    )
     logs = {rank: RankLog(rank, records) for rank, records in job.records.items()}
     stats = summarize([(f"job {p.job}", logs)], plan.warmup)
     parity = None
     if not p.conf.is_floor:
         parity = holds(job) and all(code == 0 for code in job.codes.values())
-    return ConfigRun(p.conf, p.ms, p.round, p.job, job.codes, stats, parity,
-                     time.monotonic() - started, p.phase)  # fmt: skip
+    return ConfigRun(
+        p.conf, p.ms, p.round, p.job, job.codes, stats, parity, time.monotonic() - started, p.phase
+    )
 
 
 def _header(result: SweepResult) -> str:
@@ -61,5 +68,14 @@ def run(plan: LatencyPlan, echo: Callable[[str], None] = print) -> SweepResult:
     """Start the nodes, shape and verify each phase's link, run its configurations; the cluster
     collects the logs into ``runs_dir/<run-id>/<job>/`` and removes everything, always."""
     cpus = {n: plan.cpus for n in range(plan.nodes)} if plan.cpus else None
-    return run_sweep(plan, plan.phases(), new_result=SweepResult, header=_header, link=link,
-                     run_job=_run_config, describe=describe, echo=echo, cpus=cpus)  # fmt: skip
+    return run_sweep(
+        plan,
+        plan.phases(),
+        new_result=SweepResult,
+        header=_header,
+        link=link,
+        run_job=_run_config,
+        describe=describe,
+        echo=echo,
+        cpus=cpus,
+    )

@@ -148,18 +148,26 @@ def _num(value: float, fmt: str) -> str:
     return "-" if value is None or math.isnan(value) else format(value, fmt)
 
 
-_COLUMNS = (("allreduce/step", 15), ("samples/step", 14), ("median step ms", 16),
-            ("exposed comm ms", 17), ("comm ms/sample", 16),
-            ("speedup vs per-param", 22))  # fmt: skip
+_COLUMNS = (
+    ("allreduce/step", 15),
+    ("samples/step", 14),
+    ("median step ms", 16),
+    ("exposed comm ms", 17),
+    ("comm ms/sample", 16),
+    ("speedup vs per-param", 22),
+)
 
 
 def _cells(r: Row) -> list[str]:
     speedup = _num(r.speedup_vs_per_parameter, ".1f")
     return [
-        str(r.calls), str(r.samples or "-"), f"{r.median_step_ms:.1f}",
-        _num(r.exposed_comm_ms, ".1f"), _num(r.comm_ms_per_sample, ".2f"),
+        str(r.calls),
+        str(r.samples or "-"),
+        f"{r.median_step_ms:.1f}",
+        _num(r.exposed_comm_ms, ".1f"),
+        _num(r.comm_ms_per_sample, ".2f"),
         speedup + ("x" if speedup != "-" else ""),
-    ]  # fmt: skip
+    ]
 
 
 def format_table(

@@ -62,30 +62,51 @@ _TRAIN_FIELDS = ["model", "steps", "batch_size", "seed", "bucket_cap_mb"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rank", type=common.number(0, kind=int), default=1,
-                   help="the straggler (default 1)")  # fmt: skip
     p.add_argument(
-        "--slowdown", type=common.number(1), metavar="X",
+        "--rank", type=common.number(0, kind=int), default=1, help="the straggler (default 1)"
+    )
+    p.add_argument(
+        "--slowdown",
+        type=common.number(1),
+        metavar="X",
         help="CPU quota = fair share / X on the straggler's container (default 4, or 1 = no "
         "quota when --slow-link-ms is given)",
-    )  # fmt: skip
-    p.add_argument("--cpus", type=common.number(0, strict=True), metavar="CORES",
-                   help="the straggler's CPU quota in cores, instead of --slowdown")  # fmt: skip
+    )
     p.add_argument(
-        "--slow-link-ms", type=common.number(0), default=0.0, metavar="MS",
+        "--cpus",
+        type=common.number(0, strict=True),
+        metavar="CORES",
+        help="the straggler's CPU quota in cores, instead of --slowdown",
+    )
+    p.add_argument(
+        "--slow-link-ms",
+        type=common.number(0),
+        default=0.0,
+        metavar="MS",
         help="extra one-way delay on every packet into the straggler's node only (default 0)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--shaper", choices=CHOICES, default="auto",
+        "--shaper",
+        choices=CHOICES,
+        default="auto",
         help="for --slow-link-ms: netem, or the nfqueue delayer (default auto)",
-    )  # fmt: skip
+    )
     common.add_impairments(p, "every node's link in the slowed job (with --slow-link-ms)")
-    p.add_argument("--nodes", type=common.number(2, kind=int), default=4,
-                   help="containers, one rank each (default 4)")  # fmt: skip
-    p.add_argument("--warmup", type=common.number(0, kind=int), default=2,
-                   help="first steps left out of the medians (default 2)")  # fmt: skip
-    p.add_argument("--quick", action="store_true",
-                   help=f"{QUICK_STEPS} steps per job: about a minute")  # fmt: skip
+    p.add_argument(
+        "--nodes",
+        type=common.number(2, kind=int),
+        default=4,
+        help="containers, one rank each (default 4)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=common.number(0, kind=int),
+        default=2,
+        help="first steps left out of the medians (default 2)",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help=f"{QUICK_STEPS} steps per job: about a minute"
+    )
     common.add_job_flags(p, _TRAIN_FIELDS, TRAIN_DEFAULTS, "one job")
 
 
@@ -97,11 +118,20 @@ def plan(args: argparse.Namespace) -> StragglerPlan:
     if args.quick:
         train = train.replace(steps=QUICK_STEPS)
     return StragglerPlan(
-        rank=args.rank, slowdown=slowdown, cpus=args.cpus, slow_link_ms=args.slow_link_ms,
-        shaper=args.shaper, nodes=args.nodes, warmup=args.warmup, train=train,
-        run_timeout_s=args.run_timeout, image=args.image, runs_dir=args.runs_dir,
-        progress=args.progress, impair=common.impairments(args),
-    )  # fmt: skip
+        rank=args.rank,
+        slowdown=slowdown,
+        cpus=args.cpus,
+        slow_link_ms=args.slow_link_ms,
+        shaper=args.shaper,
+        nodes=args.nodes,
+        warmup=args.warmup,
+        train=train,
+        run_timeout_s=args.run_timeout,
+        image=args.image,
+        runs_dir=args.runs_dir,
+        progress=args.progress,
+        impair=common.impairments(args),
+    )
 
 
 def report(result: StragglerResult) -> int:

@@ -18,7 +18,13 @@ __all__ = ["slow_link"]
 @contextlib.contextmanager
 def slow_link(cluster: Cluster, plan: StragglerPlan, max_seconds: float) -> Iterator[str]:
     """Shape the straggler's link, yield the probe's line (asked vs measured), undo."""
-    with verified_link(cluster, "for the slow link", 0.0, plan.shaper,
-                       node_ms={plan.node: plan.slow_link_ms}, max_seconds=max_seconds,
-                       impair=plan.impair) as rep:  # fmt: skip
+    with verified_link(
+        cluster,
+        "for the slow link",
+        0.0,
+        plan.shaper,
+        node_ms={plan.node: plan.slow_link_ms},
+        max_seconds=max_seconds,
+        impair=plan.impair,
+    ) as rep:
         yield (f"{rep.note}\n" if rep.note else "") + rep.line()

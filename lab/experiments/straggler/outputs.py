@@ -26,8 +26,14 @@ class Outputs:
     files: list[Path]
 
 
-_FIGURES = ("compute_ms", "waiting_ms", "step_ms", "baseline_compute_ms", "baseline_waiting_ms",
-            "baseline_step_ms")  # fmt: skip
+_FIGURES = (
+    "compute_ms",
+    "waiting_ms",
+    "step_ms",
+    "baseline_compute_ms",
+    "baseline_waiting_ms",
+    "baseline_step_ms",
+)
 
 
 def _row(r) -> dict[str, object]:
@@ -61,17 +67,21 @@ def write_outputs(result: StragglerResult) -> Outputs:
     files[-1].write_text(json.dumps(timeline.chrome_trace(lines)))
     files.append(run_dir / "gantt.png")
     timeline.write_gantt(
-        files[-1], lines,
+        files[-1],
+        lines,
         suptitle=f"one step, {plan.nodes} ranks: yellow after backward = waiting for the slowest",
-    )  # fmt: skip
+    )
     files.append(run_dir / "straggler.json")
     settings = {
         f.name: str(v) if isinstance(v := getattr(plan, f.name), Path) else v
         for f in dataclasses.fields(plan)
         if f.name != "train"
     }
-    settings |= {"quota_cpus": plan.quota, "train": plan.train.to_dict(),
-                 "impair": dataclasses.asdict(plan.impair)}  # fmt: skip
+    settings |= {
+        "quota_cpus": plan.quota,
+        "train": plan.train.to_dict(),
+        "impair": dataclasses.asdict(plan.impair),
+    }
     doc = {
         "run_id": result.run_id,
         "settings": settings,

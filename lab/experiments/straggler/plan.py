@@ -38,8 +38,9 @@ BASELINE_JOB, SLOWED_JOB = "baseline", "straggler"
 QUICK_STEPS = 8
 # The deep MLP (12 x 256 hidden) at 256 samples per rank: forward+backward is tens of ms of
 # real CPU work per step, large against one allreduce on the bridge, so a slowed rank shows.
-TRAIN_DEFAULTS = TrainConfig(model="deep", steps=30, batch_size=1024, seed=0,
-                             collective_timeout_s=60.0)  # fmt: skip
+TRAIN_DEFAULTS = TrainConfig(
+    model="deep", steps=30, batch_size=1024, seed=0, collective_timeout_s=60.0
+)
 # The quota's CFS period: the kernel lets the container run `quota` cores x period, then
 # throttles it until the period ends. With docker's 100 ms a step of a few tens of ms runs at
 # full speed or stalls whole; 10 ms spreads the slowdown over every step.

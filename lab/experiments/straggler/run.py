@@ -30,9 +30,15 @@ __all__ = ["run"]
 def _run_job(cluster: Cluster, plan: StragglerPlan, name: str, echo: Callable) -> JobRun:
     started = time.monotonic()
     job = train_to_end(
-        cluster, name, plan.train, plan.run_timeout_s, progress=plan.progress, echo=echo,
-        where=f"job {name}", slow_hint="a straggler with a tiny quota is slow",
-    )  # fmt: skip
+        cluster,
+        name,
+        plan.train,
+        plan.run_timeout_s,
+        progress=plan.progress,
+        echo=echo,
+        where=f"job {name}",
+        slow_hint="a straggler with a tiny quota is slow",
+    )
     return JobRun(name, dict(job.codes), holds(job), time.monotonic() - started)
 
 
@@ -79,8 +85,14 @@ def _header(result: StragglerResult) -> str:
 def run(plan: StragglerPlan, echo: Callable[[str], None] = print) -> StragglerResult:
     """Baseline, then the straggler, in one cluster that is always cleaned up."""
     lifetime_s = lifetime(2, plan.run_timeout_s)
-    with sweep_cluster(plan, StragglerResult, _header, echo, lifetime_s=lifetime_s,
-                       net_admin=bool(plan.slow_link_ms)) as (cluster, result):  # fmt: skip
+    with sweep_cluster(
+        plan,
+        StragglerResult,
+        _header,
+        echo,
+        lifetime_s=lifetime_s,
+        net_admin=bool(plan.slow_link_ms),
+    ) as (cluster, result):
         for name in (BASELINE_JOB, SLOWED_JOB):
             echo(f"job {name}: {'unslowed' if name == BASELINE_JOB else plan.describe()}")
             with contextlib.ExitStack() as stack:
@@ -88,6 +100,8 @@ def run(plan: StragglerPlan, echo: Callable[[str], None] = print) -> StragglerRe
                     stack.enter_context(_slowed(cluster, plan, lifetime_s, echo, result.link_lines))
                 job = _run_job(cluster, plan, name, echo)
             result.jobs[name] = job
-            echo(f"job {name}: done in {job.seconds:.0f} s, parity "
-                 f"{'holds' if job.parity else 'BROKEN'}")  # fmt: skip
+            echo(
+                f"job {name}: done in {job.seconds:.0f} s, parity "
+                f"{'holds' if job.parity else 'BROKEN'}"
+            )
     return result

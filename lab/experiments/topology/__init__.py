@@ -43,22 +43,26 @@ def _epilog() -> str:
     from lab.experiments.topology.analysis import DEFINITIONS
 
     wrap = dict(width=92, initial_indent="  ", subsequent_indent="    ")
-    return "\n".join([
-        "The default workload lets the slow link set the step time: the deep MLP (24 tensors,",
-        "2.67 MB, a few ms of compute per rank) with one bucket per tensor (--bucket-cap-mb 0,",
-        "every configuration but auto), so 24 latency-bound allreduces per step; its 256 KB",
-        "weights make bytes count once --rate-mbit caps the link.",
-        "The table's figures:",
-        *(textwrap.fill(f"{k} = {v}.", **wrap) for k, v in DEFINITIONS.items()),
-        "The last line, for scripts:",
-        "  step time vs torch DDP (2 nodes x 2 ranks, 5 ms): hierarchical R, hierarchical-fp16 R,",
-        "  auto cap R, flat R   (R: median step time / torch DDP's, e.g. 0.45x; < 1 is faster)",
-        "Files in runs/<run-id>/: topology.txt (the table), topology.csv, topology.json,",
-        "topology.png (step time per configuration), and per job <configuration>-r<round>/ with",
-        "logs/rank<R>.jsonl, node<N>.log and eth0-node<N>.txt (the sampled byte counters).",
-        "Exit codes: 0 every job finished with parity holding, 1 a job failed or parity broke,",
-        "2 bad arguments, 130 interrupted.",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "The default workload lets the slow link set the step time: the deep MLP (24 tensors,",
+            "2.67 MB, a few ms of compute per rank) with one bucket per tensor (--bucket-cap-mb 0,",
+            "every configuration but auto), so 24 latency-bound allreduces per step; its 256 KB",
+            "weights make bytes count once --rate-mbit caps the link.",
+            "The table's figures:",
+            *(textwrap.fill(f"{k} = {v}.", **wrap) for k, v in DEFINITIONS.items()),
+            "The last line, for scripts:",
+            "  step time vs torch DDP (2 nodes x 2 ranks, 5 ms): hierarchical R,",
+            "  hierarchical-fp16 R, auto cap R, flat R",
+            "  (R: median step time / torch DDP's, e.g. 0.45x; < 1 is faster)",
+            "Files in runs/<run-id>/: topology.txt (the table), topology.csv, topology.json,",
+            "topology.png (step time per configuration), and per job",
+            "<configuration>-r<round>/ with logs/rank<R>.jsonl, node<N>.log and eth0-node<N>.txt",
+            "(the sampled byte counters).",
+            "Exit codes: 0 every job finished with parity holding, 1 a job failed or parity broke,",
+            "2 bad arguments, 130 interrupted.",
+        ]
+    )
 
 
 EPILOG = _epilog()
@@ -126,7 +130,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="also run ours flat at these bucket caps (MB, comma-separated): a sweep that the "
         "auto cap's choice is judged against (default: none)",
     )
-    common.add_job_flags(p, _TRAIN_FIELDS, TRAIN_DEFAULTS, "one job")  # fmt: skip
+    common.add_job_flags(p, _TRAIN_FIELDS, TRAIN_DEFAULTS, "one job")
 
 
 def plan(args: argparse.Namespace) -> TopologyPlan:
@@ -135,12 +139,21 @@ def plan(args: argparse.Namespace) -> TopologyPlan:
     if train.steps == TRAIN_DEFAULTS.steps:
         train = train.replace(steps=quick.get("steps", train.steps))
     return TopologyPlan(
-        nodes=args.nodes, ranks_per_node=args.ranks_per_node, ms=args.ms,
-        rate_mbit=args.rate_mbit, shaper=args.shaper, warmup=args.warmup,
-        rounds=args.rounds or quick.get("rounds", TopologyPlan.rounds), train=train,
-        run_timeout_s=args.run_timeout, image=args.image, runs_dir=args.runs_dir,
-        progress=args.progress, quick=args.quick, caps=tuple(args.caps),
-    )  # fmt: skip
+        nodes=args.nodes,
+        ranks_per_node=args.ranks_per_node,
+        ms=args.ms,
+        rate_mbit=args.rate_mbit,
+        shaper=args.shaper,
+        warmup=args.warmup,
+        rounds=args.rounds or quick.get("rounds", TopologyPlan.rounds),
+        train=train,
+        run_timeout_s=args.run_timeout,
+        image=args.image,
+        runs_dir=args.runs_dir,
+        progress=args.progress,
+        quick=args.quick,
+        caps=tuple(args.caps),
+    )
 
 
 def report(result: TopologyResult) -> int:

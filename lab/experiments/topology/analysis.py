@@ -103,11 +103,17 @@ def make_row(conf: Configuration, jobs: Sequence[JobFigures], parity: bool) -> R
     cross = sum(w.tx for w in windows) / sampled_steps / 1e6 if windows else math.nan
     diffs = [j.max_param_diff for j in jobs if j.max_param_diff is not None]
     return Row(
-        conf.name, conf.label, statistics.median(ms for j in jobs for ms in j.step_ms),
-        tuple(statistics.median(j.step_ms) for j in jobs), sum(len(j.step_ms) for j in jobs),
-        cross, jobs[-1].buckets, max(diffs) if diffs else math.nan, parity,
+        conf.name,
+        conf.label,
+        statistics.median(ms for j in jobs for ms in j.step_ms),
+        tuple(statistics.median(j.step_ms) for j in jobs),
+        sum(len(j.step_ms) for j in jobs),
+        cross,
+        jobs[-1].buckets,
+        max(diffs) if diffs else math.nan,
+        parity,
         auto_caps=tuple(j.auto_cap_mb for j in jobs if j.auto_cap_mb is not None),
-    )  # fmt: skip
+    )
 
 
 def derive_rows(rows: list[Row]) -> list[Row]:
@@ -116,7 +122,10 @@ def derive_rows(rows: list[Row]) -> list[Row]:
     if base is None:
         return rows
     return [
-        dataclasses.replace(r, speedup_vs_torch=base.median_step_ms / r.median_step_ms,
-                            step_time_vs_torch=r.median_step_ms / base.median_step_ms)
+        dataclasses.replace(
+            r,
+            speedup_vs_torch=base.median_step_ms / r.median_step_ms,
+            step_time_vs_torch=r.median_step_ms / base.median_step_ms,
+        )
         for r in rows
-    ]  # fmt: skip
+    ]

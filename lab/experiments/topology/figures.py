@@ -26,8 +26,14 @@ def plot_step_times(path: Path, rows: Sequence[Row], title: str) -> None:
     for x, r, bar in zip(xs, rows, bars, strict=True):
         ax.plot([x] * len(r.round_step_ms), r.round_step_ms, "k.", markersize=6)
         if not math.isnan(r.step_time_vs_torch):
-            ax.annotate(f"{r.step_time_vs_torch:.2f}x", (x, bar.get_height()), ha="center",
-                        textcoords="offset points", xytext=(0, 4), fontsize=9)  # fmt: skip
+            ax.annotate(
+                f"{r.step_time_vs_torch:.2f}x",
+                (x, bar.get_height()),
+                ha="center",
+                textcoords="offset points",
+                xytext=(0, 4),
+                fontsize=9,
+            )
     if rows and rows[0].config == "torch":
         ax.axhline(rows[0].median_step_ms, color="black", linestyle="--", linewidth=0.8)
     ax.set_xticks(list(xs), [r.label for r in rows])

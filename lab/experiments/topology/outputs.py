@@ -66,10 +66,15 @@ def _write_csv(path: Path, rows: list[Row]) -> None:
 def _job_doc(run: ConfigRun, figures_: JobFigures) -> dict:
     window = figures_.window
     return {
-        "job": run.job, "config": run.conf, "round": run.round, "exit_codes": run.codes,
-        "parity": run.parity, "seconds": round(run.seconds, 1), "steps_measured": figures_.steps,
+        "job": run.job,
+        "config": run.conf,
+        "round": run.round,
+        "exit_codes": run.codes,
+        "parity": run.parity,
+        "seconds": round(run.seconds, 1),
+        "steps_measured": figures_.steps,
         "window": None if window is None else dataclasses.asdict(window),
-    }  # fmt: skip
+    }
 
 
 @dataclass
@@ -86,8 +91,11 @@ def write_outputs(result: TopologyResult) -> Outputs:
     table, headline = format_table(rows, plan, result.links), headline_line(rows, plan)
     files[0].write_text(f"{table}\n{headline}\n")
     _write_csv(files[1], rows)
-    figures.plot_step_times(files[2], rows, f"{plan.layout.describe()}, {plan.link_text} "
-                            f"between nodes, model {plan.train.model}")  # fmt: skip
+    figures.plot_step_times(
+        files[2],
+        rows,
+        f"{plan.layout.describe()}, {plan.link_text} between nodes, model {plan.train.model}",
+    )
     for run in result.runs:
         for node, text in run.counters.items():
             (run_dir / run.job).mkdir(parents=True, exist_ok=True)

@@ -22,8 +22,15 @@ from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE
 from lab.shaping.registry import CHOICES
 
-__all__ = ["BASELINE", "CONFIGURATIONS", "QUICK", "TRAIN_DEFAULTS", "Configuration", "Planned",
-           "TopologyPlan"]  # fmt: skip
+__all__ = [
+    "BASELINE",
+    "CONFIGURATIONS",
+    "QUICK",
+    "TRAIN_DEFAULTS",
+    "Configuration",
+    "Planned",
+    "TopologyPlan",
+]
 
 
 @dataclass(frozen=True)
@@ -57,8 +64,9 @@ BASELINE = CONFIGURATIONS[0]  # what every configuration's step time is compared
 # steps across the link show in full. Its twelve 256 KB weights keep bytes in play: with
 # --rate-mbit they dominate and the fp16 leg pays. 12 steps: wall time is mostly the ranks'
 # start (importing torch, four ranks on two cores), so more rounds buy more than more steps.
-TRAIN_DEFAULTS = TrainConfig(model="deep", steps=12, batch_size=64, seed=0, bucket_cap_mb=0.0,
-                             collective_timeout_s=60.0)  # fmt: skip
+TRAIN_DEFAULTS = TrainConfig(
+    model="deep", steps=12, batch_size=64, seed=0, bucket_cap_mb=0.0, collective_timeout_s=60.0
+)
 
 
 # --quick: one round of fewer steps (each only where its flag was not given): a few minutes
@@ -97,8 +105,9 @@ class TopologyPlan:
 
     def __post_init__(self) -> None:
         if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 2:
-            raise ValueError(f"--nodes must be an integer >= 2 (a link needs two ends), got "
-                             f"{self.nodes!r}")  # fmt: skip
+            raise ValueError(
+                f"--nodes must be an integer >= 2 (a link needs two ends), got {self.nodes!r}"
+            )
         rpn = self.ranks_per_node
         if isinstance(rpn, bool) or not isinstance(rpn, int) or rpn < 2:
             raise ValueError(
@@ -111,8 +120,10 @@ class TopologyPlan:
         ):
             raise ValueError(f"--rate-mbit must be a finite number > 0, got {self.rate_mbit!r}")
         if self.ms == 0 and self.rate_mbit is None:
-            raise ValueError("--ms 0 without --rate-mbit shapes nothing: the nodes' link would "
-                             "be as fast as the bridge; give a delay or a rate")  # fmt: skip
+            raise ValueError(
+                "--ms 0 without --rate-mbit shapes nothing: the nodes' link would "
+                "be as fast as the bridge; give a delay or a rate"
+            )
         if self.shaper not in CHOICES:
             raise ValueError(f"--shaper must be one of {', '.join(CHOICES)}, got {self.shaper!r}")
         check_warmup(self.warmup, self.train.steps)
@@ -120,17 +131,23 @@ class TopologyPlan:
             raise ValueError(f"--rounds must be an integer >= 1, got {self.rounds!r}")
         base = self.train
         if base.bucket_cap_mb == "auto":
-            raise ValueError("--bucket-cap-mb auto: the auto configuration chooses its own cap; "
-                             "give the number every other configuration uses")  # fmt: skip
+            raise ValueError(
+                "--bucket-cap-mb auto: the auto configuration chooses its own cap; "
+                "give the number every other configuration uses"
+            )
         if (base.wrapper, base.comm_hook, base.sync) != ("ours", "none", "allreduce"):
-            raise ValueError("the base training config must be ours, a plain allreduce, no hook: "
-                             "the configurations set wrapper and comm_hook themselves")  # fmt: skip
+            raise ValueError(
+                "the base training config must be ours, a plain allreduce, no hook: "
+                "the configurations set wrapper and comm_hook themselves"
+            )
         for cap in self.caps:
             check_finite("--caps", cap, 0.0)
         if len(set(self.caps)) != len(self.caps) or base.bucket_cap_mb in self.caps:
-            raise ValueError(f"--caps {','.join(f'{c:g}' for c in self.caps)} repeats a cap "
-                             f"(the flat row already runs --bucket-cap-mb "
-                             f"{base.bucket_cap_mb:g}); give each once")  # fmt: skip
+            raise ValueError(
+                f"--caps {','.join(f'{c:g}' for c in self.caps)} repeats a cap "
+                f"(the flat row already runs --bucket-cap-mb "
+                f"{base.bucket_cap_mb:g}); give each once"
+            )
         check_timeouts(base.collective_timeout_s, self.run_timeout_s, "job")
         base.local_batch(self.layout.world_size)  # the global batch must split over the ranks
         self.jobs()  # every configuration's TrainConfig validates
@@ -152,8 +169,11 @@ class TopologyPlan:
         """Every round runs every configuration, torch's DDP first (one link: ``setting`` is
         the sweep's only one)."""
         rounds = range(1, self.rounds + 1)
-        return [Planned(f"{c.name}-r{r}", r, c, c.train_config(self.train))
-                for r in rounds for c in self.configurations]  # fmt: skip
+        return [
+            Planned(f"{c.name}-r{r}", r, c, c.train_config(self.train))
+            for r in rounds
+            for c in self.configurations
+        ]
 
     @property
     def total(self) -> int:

@@ -25,13 +25,20 @@ def _run_job(cluster: Cluster, plan: TopologyPlan, p: Planned, echo: Callable) -
     started = time.monotonic()
     with sampled(cluster, f"eth0-{p.job}", plan.run_timeout_s + _SAMPLER_SLACK_S) as counters:
         job = train_to_end(
-            cluster, p.job, p.train, plan.run_timeout_s, progress=plan.progress, echo=echo,
-            where=f"{p.conf.label} (round {p.round})", broken_parity_ok=True,
+            cluster,
+            p.job,
+            p.train,
+            plan.run_timeout_s,
+            progress=plan.progress,
+            echo=echo,
+            where=f"{p.conf.label} (round {p.round})",
+            broken_parity_ok=True,
             slow_hint="a long --ms or a low --rate-mbit makes steps slow",
-        )  # fmt: skip
+        )
     parity = holds(job) and all(code == 0 for code in job.codes.values())
-    return ConfigRun(p.conf.name, p.round, p.job, dict(job.codes), parity,
-                     time.monotonic() - started, counters)  # fmt: skip
+    return ConfigRun(
+        p.conf.name, p.round, p.job, dict(job.codes), parity, time.monotonic() - started, counters
+    )
 
 
 def _describe(run: ConfigRun, done: int, total: int) -> str:
@@ -45,7 +52,12 @@ def run(plan: TopologyPlan, echo: Callable[[str], None] = print) -> TopologyResu
     """Start the nodes, shape and verify the link, run every configuration; the cluster
     collects the logs into ``runs_dir/<run-id>/<job>/`` and removes everything, always."""
     return run_sweep(
-        plan, [plan.link_text], new_result=TopologyResult, link=between_nodes, run_job=_run_job,
+        plan,
+        [plan.link_text],
+        new_result=TopologyResult,
+        link=between_nodes,
+        run_job=_run_job,
         header=lambda r: f"run {r.run_id}: {plan.describe()}; output in {r.run_dir}/",
-        describe=_describe, echo=echo,
-    )  # fmt: skip
+        describe=_describe,
+        echo=echo,
+    )

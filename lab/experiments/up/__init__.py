@@ -72,9 +72,15 @@ def plan(args: argparse.Namespace) -> UpPlan:
     train = config_from_args(args, [*_TRAIN_FIELDS, "collective_timeout_s"], base.train)
     same_layout = layout == base.layout
     return UpPlan(
-        layout, train, base.name if same_layout else "", args.image, args.run_timeout,
-        args.runs_dir, args.progress, args.launcher,
-    )  # fmt: skip
+        layout,
+        train,
+        base.name if same_layout else "",
+        args.image,
+        args.run_timeout,
+        args.runs_dir,
+        args.progress,
+        args.launcher,
+    )
 
 
 def report(result: UpResult) -> int:

@@ -88,9 +88,14 @@ def run(plan: UpPlan, echo: Callable[[str], None] = print) -> UpResult:
     run_id = new_run_id()
     run_dir = plan.runs_dir / run_id
     cluster = Cluster(
-        client, plan.layout, image=plan.image, run_id=run_id, run_dir=run_dir,
-        lifetime_s=plan.run_timeout_s + 300, echo=echo,
-    )  # fmt: skip
+        client,
+        plan.layout,
+        image=plan.image,
+        run_id=run_id,
+        run_dir=run_dir,
+        lifetime_s=plan.run_timeout_s + 300,
+        echo=echo,
+    )
     echo(
         f"run {run_id}: {plan.name} = {plan.layout.describe()}, image {plan.image}, "
         f"output in {run_dir}/"
@@ -115,11 +120,18 @@ def run(plan: UpPlan, echo: Callable[[str], None] = print) -> UpResult:
     report = check_logs(run_dir / JOB / "logs")
     trained_from = job.first_record_t or job.started
     return UpResult(
-        plan, cluster.run_id, run_dir, job.codes,
+        plan,
+        cluster.run_id,
+        run_dir,
+        job.codes,
         {r: (e.cpu_s, e.peak_rss_mib) for r, e in job.exits.items()},
-        report.holds, report.verdict, max(e.t for e in job.exits.values()) - trained_from,
-        time.monotonic() - started, sampler, {n: sorted(r) for n, r in placement.items()},
-    )  # fmt: skip
+        report.holds,
+        report.verdict,
+        max(e.t for e in job.exits.values()) - trained_from,
+        time.monotonic() - started,
+        sampler,
+        {n: sorted(r) for n, r in placement.items()},
+    )
 
 
 def _raise_if_unfinished(job: Job, running: list[int], timeout_s: float) -> None:

@@ -34,8 +34,9 @@ def report(result: LiveResult) -> int:
     verdict = judge(result)
     if result.torchft is not None and not judge(result.torchft).ok:
         # its row is still shown; ours is judged on its own
-        verdict.lines.append("torchft's run on the same job FAILED: " +
-                             "; ".join(judge(result.torchft).lines))  # fmt: skip
+        verdict.lines.append(
+            "torchft's run on the same job FAILED: " + "; ".join(judge(result.torchft).lines)
+        )
     text = lines(result, live, restart, figs, verdict, torchft)
     rows = [r for r in (restart, torchft, live) if r is not None]
     doc = {
@@ -57,11 +58,21 @@ def report(result: LiveResult) -> int:
     page = Page(
         f"lab kill --recovery {result.plan.recovery}: run {result.run_id}",
         Headline(command, text[-1], figure, verdict.ok),
-        [Section("Timeline and verdict", [Text(text[:-1])]),
-         Section("Recovery paths on the same job", [Text(table(rows))])],
-    )  # fmt: skip
-    summary = RunSummary("kill", result.run_id, command, started_at(result.seconds),
-                         result.seconds, figure, text[-1], verdict.ok)  # fmt: skip
+        [
+            Section("Timeline and verdict", [Text(text[:-1])]),
+            Section("Recovery paths on the same job", [Text(table(rows))]),
+        ],
+    )
+    summary = RunSummary(
+        "kill",
+        result.run_id,
+        command,
+        started_at(result.seconds),
+        result.seconds,
+        figure,
+        text[-1],
+        verdict.ok,
+    )
     jobs = [name for name in ("live", "rejoin") if name in result.logs]
     published = publish(result.run_dir, page, summary, [(_FILE, "the figures")], jobs)
     print("\n".join([*text[:-1], *published, text[-1]]))

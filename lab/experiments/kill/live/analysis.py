@@ -65,8 +65,9 @@ def live_row(result: LiveResult) -> tuple[PathRow, dict]:
     mine = [r for r in records if not isinstance(r, HealRecord) or r.rank == lost]
     figs = recovery_figures(mine, fault.t, result.plan.nodes)
     failed = {r.step for r in records if isinstance(r, CommitRecord) and not r.committed}
-    row = PathRow(name, figs.get("first_commit_s"), figs.get("heal_s"), len(failed),
-                  figs.get("step_ms"))  # fmt: skip
+    row = PathRow(
+        name, figs.get("first_commit_s"), figs.get("heal_s"), len(failed), figs.get("step_ms")
+    )
     return row, figs
 
 

@@ -18,8 +18,10 @@ def compared(args: argparse.Namespace) -> tuple[bool, bool]:
     names = {n.strip() for n in args.compare.split(",") if n.strip()}
     allowed = {"restart", "torchft"} if args.recovery == "live" else {"restart"}
     if names - allowed:
-        raise ValueError(f"--compare takes {', '.join(sorted(allowed))} with --recovery "
-                         f"{args.recovery}, got {', '.join(sorted(names - allowed))}")  # fmt: skip
+        raise ValueError(
+            f"--compare takes {', '.join(sorted(allowed))} with --recovery "
+            f"{args.recovery}, got {', '.join(sorted(names - allowed))}"
+        )
     return ("restart" in names, "torchft" in names)
 
 

@@ -27,9 +27,14 @@ LIVE_MODES = ("kill", "pause", "partition")
 # The tower model (82 tensors, 1.1 MB): big enough that healing moves real bytes. A short
 # sleep per step keeps the steps apart so the fault lands inside the one it is aimed at.
 LIVE_TRAIN = TrainConfig(
-    model="tower", steps=40, batch_size=64, step_delay_ms=100.0, collective_timeout_s=10.0,
-    recovery="live", heartbeat_timeout_s=2.0,
-)  # fmt: skip
+    model="tower",
+    steps=40,
+    batch_size=64,
+    step_delay_ms=100.0,
+    collective_timeout_s=10.0,
+    recovery="live",
+    heartbeat_timeout_s=2.0,
+)
 _SLACK_S = 120.0
 # ours, or the same job under torchft (its lighthouse where our coordinator runs)
 RECOVERIES = ("live", "torchft")
@@ -72,8 +77,9 @@ class LivePlan:
                 f"measure, one after it to commit), got {self.at_step}"
             )
         if self.recovery not in RECOVERIES:
-            raise ValueError(f"recovery must be one of {', '.join(RECOVERIES)}, got "
-                             f"{self.recovery!r}")  # fmt: skip
+            raise ValueError(
+                f"recovery must be one of {', '.join(RECOVERIES)}, got {self.recovery!r}"
+            )
         if self.train.recovery != self.recovery:
             raise ValueError(f"the training config must have recovery={self.recovery!r}")
         if self.torchft and self.recovery == "torchft":
@@ -119,33 +125,55 @@ class LivePlan:
         assert self.run_timeout_s is not None
         if self.recovery == "torchft":
             return [
-                "python", "-m", "ddp.recovery.tft.lighthouse", "--port", str(COORDINATOR_PORT),
-                "--min-replicas", str(math.ceil(self.nodes / 2)),
-            ]  # fmt: skip
+                "python",
+                "-m",
+                "ddp.recovery.tft.lighthouse",
+                "--port",
+                str(COORDINATOR_PORT),
+                "--min-replicas",
+                str(math.ceil(self.nodes / 2)),
+            ]
         return [
-            "python", "-m", "ddp.recovery.coordinator", "--port", str(COORDINATOR_PORT),
-            "--world-size", str(self.nodes),
-            "--heartbeat-timeout", f"{self.train.heartbeat_timeout_s:g}",
-            "--timeout", f"{self.lifetime_s:g}",
-        ]  # fmt: skip
+            "python",
+            "-m",
+            "ddp.recovery.coordinator",
+            "--port",
+            str(COORDINATOR_PORT),
+            "--world-size",
+            str(self.nodes),
+            "--heartbeat-timeout",
+            f"{self.train.heartbeat_timeout_s:g}",
+            "--timeout",
+            f"{self.lifetime_s:g}",
+        ]
 
     def torchft_plan(self) -> LivePlan:
         """The same job, fault and replacement under torchft (no comparison runs of its own)."""
         train = self.train.replace(recovery="torchft")
-        return dataclasses.replace(self, train=train, recovery="torchft", compare=False,
-                                   torchft=False)  # fmt: skip
+        return dataclasses.replace(
+            self, train=train, recovery="torchft", compare=False, torchft=False
+        )
 
     def restart_plan(self) -> KillPlan:
         """The same job on the restart path: checkpoints, the fault, every rank restarted."""
         train = self.train.replace(
-            recovery="restart", coordinator=None, checkpoint_every=self.restart_checkpoint_every,
+            recovery="restart",
+            coordinator=None,
+            checkpoint_every=self.restart_checkpoint_every,
             checkpoint_dir=checkpoint_dir("fault"),
-        )  # fmt: skip
+        )
         return KillPlan(
-            rank=self.rank, at_step=self.at_step, mode=self.mode, train=train, nodes=self.nodes,
-            recover=True, run_timeout_s=self.run_timeout_s, image=self.image,
-            runs_dir=self.runs_dir, progress=self.progress,
-        )  # fmt: skip
+            rank=self.rank,
+            at_step=self.at_step,
+            mode=self.mode,
+            train=train,
+            nodes=self.nodes,
+            recover=True,
+            run_timeout_s=self.run_timeout_s,
+            image=self.image,
+            runs_dir=self.runs_dir,
+            progress=self.progress,
+        )
 
     def describe(self) -> str:
         t = self.train

@@ -79,9 +79,11 @@ def _trigger(plan: LivePlan) -> Callable[[Event], bool]:
     def hit(event: Event) -> bool:
         r = event.record if isinstance(event, RecordEvent) else None
         return (
-            isinstance(r, CommitRecord) and r.rank == plan.rank and r.committed
+            isinstance(r, CommitRecord)
+            and r.rank == plan.rank
+            and r.committed
             and r.step == plan.at_step - 1
-        )  # fmt: skip
+        )
 
     return hit
 
@@ -106,18 +108,25 @@ def _live(cluster: Cluster, plan: LivePlan, fault: Fault, echo: _Echo) -> list[M
     assert plan.run_timeout_s is not None
     follow = _Echo2(plan, echo)
     argv = {plan.coordinator_node: plan.coordinator_argv()}
-    coordinator = cluster.job("coordinator", argv, plan.lifetime_s, per_node=True,
-                              echo=follow("coordinator"))  # fmt: skip
+    coordinator = cluster.job(
+        "coordinator", argv, plan.lifetime_s, per_node=True, echo=follow("coordinator")
+    )
     cfg = plan.config(f"{cluster.address(plan.coordinator_node)}:{COORDINATOR_PORT}")
     fault.prepare(cluster, plan.rank)  # one rank per node: the rank's node
     serves = "torchft's lighthouse" if plan.recovery == "torchft" else "coordinator"
-    echo(f"== {plan.recovery}: {plan.nodes} ranks, {serves} at {cfg.coordinator} "
-         f"(node{plan.nodes})")  # fmt: skip
-    job = cluster.job("live", train_argvs("live", plan.layout, cfg), plan.run_timeout_s,
-                      echo=follow("live"))  # fmt: skip
+    echo(
+        f"== {plan.recovery}: {plan.nodes} ranks, {serves} at {cfg.coordinator} (node{plan.nodes})"
+    )
+    job = cluster.job(
+        "live", train_argvs("live", plan.layout, cfg), plan.run_timeout_s, echo=follow("live")
+    )
     jobs = [coordinator, job]
-    _until(jobs, _trigger(plan), plan.run_timeout_s,
-           f"rank {plan.rank} reporting step {plan.at_step - 1}")  # fmt: skip
+    _until(
+        jobs,
+        _trigger(plan),
+        plan.run_timeout_s,
+        f"rank {plan.rank} reporting step {plan.at_step - 1}",
+    )
     # The fault's moment: when the engine says it was in place (a kill: Docker's kill event,
     # logged once the signal was sent), else when the Docker call began (it lands somewhere
     # inside the call, so every "after the fault" figure is then an upper bound).
@@ -128,19 +137,24 @@ def _live(cluster: Cluster, plan: LivePlan, fault: Fault, echo: _Echo) -> list[M
     if fault.landed_at is not None:
         at = fault.landed_at
         when = f"Docker's kill event {at - start:.3f} s into the call; the call took {took:.3f} s"
-    moments = [Moment(at, f"lab: {plan.mode} rank {plan.rank} ({fault.detail}; {when})",
-                      "fault")]  # fmt: skip
+    moments = [Moment(at, f"lab: {plan.mode} rank {plan.rank} ({fault.detail}; {when})", "fault")]
     survivors = [r for r in range(plan.nodes) if r != plan.rank]
     if plan.rejoin:
-        _until(jobs, _committed_without(plan), plan.run_timeout_s,
-               f"a step committed at world {plan.nodes - 1}")  # fmt: skip
+        _until(
+            jobs,
+            _committed_without(plan),
+            plan.run_timeout_s,
+            f"a step committed at world {plan.nodes - 1}",
+        )
         fault.release()
         cluster.restart(plan.rank)  # the old process goes for good; a fresh one replaces it
         argv = train_argvs("rejoin", plan.layout, cfg)[plan.rank]
-        jobs.append(cluster.job("rejoin", {plan.rank: argv}, plan.run_timeout_s,
-                                echo=follow("rejoin")))  # fmt: skip
-        moments.append(Moment(time.time(), f"lab: replacement for rank {plan.rank} started",
-                              "replacement"))  # fmt: skip
+        jobs.append(
+            cluster.job("rejoin", {plan.rank: argv}, plan.run_timeout_s, echo=follow("rejoin"))
+        )
+        moments.append(
+            Moment(time.time(), f"lab: replacement for rank {plan.rank} started", "replacement")
+        )
     _drain(jobs, {"live": survivors, "coordinator": []}, plan.run_timeout_s)
     fault.release()  # a paused or cut-off rank may go now
     # torchft's lighthouse serves until its container goes: nobody waits for it to exit
@@ -149,8 +163,9 @@ def _live(cluster: Cluster, plan: LivePlan, fault: Fault, echo: _Echo) -> list[M
     for j in jobs:
         j.close()
     if job.running and any(r in survivors for r in job.running):
-        raise RunTimeout(f"live run: survivors {job.running} still running after "
-                         f"{plan.run_timeout_s:g} s")  # fmt: skip
+        raise RunTimeout(
+            f"live run: survivors {job.running} still running after {plan.run_timeout_s:g} s"
+        )
     return moments
 
 
@@ -159,15 +174,24 @@ def run(plan: LivePlan, echo: _Echo = print) -> LiveResult:
     (``plan.torchft``) the same job under torchft on a third."""
     started = time.monotonic()
     fault_type = FAULTS[plan.mode]
-    cluster = Cluster(connect(), plan.cluster_layout, image=plan.image, echo=echo,
-                      lifetime_s=plan.lifetime_s, net_admin=fault_type.NET_ADMIN)  # fmt: skip
+    cluster = Cluster(
+        connect(),
+        plan.cluster_layout,
+        image=plan.image,
+        echo=echo,
+        lifetime_s=plan.lifetime_s,
+        net_admin=fault_type.NET_ADMIN,
+    )
     cluster.run_dir = run_dir = plan.runs_dir / cluster.run_id
     echo(f"run {cluster.run_id}: {plan.describe()}; image {plan.image}; output in {run_dir}/")
     with cluster, fault_type() as fault:
         moments = _live(cluster, plan, fault, echo)
         codes = {j.name: j.codes for j in cluster.jobs}
-    logs = {name: load_attempts(run_dir / name / "logs") for name in ("live", "rejoin")
-            if (run_dir / name / "logs").is_dir()}  # fmt: skip
+    logs = {
+        name: load_attempts(run_dir / name / "logs")
+        for name in ("live", "rejoin")
+        if (run_dir / name / "logs").is_dir()
+    }
     restart = None
     if plan.compare:
         echo("== the restart path on the same job (lab kill --recover)")
@@ -176,5 +200,14 @@ def run(plan: LivePlan, echo: _Echo = print) -> LiveResult:
     if plan.torchft:
         echo("== the same job under torchft (lab kill --recovery torchft)")
         torchft = run(plan.torchft_plan(), echo)
-    return LiveResult(plan, cluster.run_id, run_dir, moments, logs, codes, restart,
-                      time.monotonic() - started, torchft)  # fmt: skip
+    return LiveResult(
+        plan,
+        cluster.run_id,
+        run_dir,
+        moments,
+        logs,
+        codes,
+        restart,
+        time.monotonic() - started,
+        torchft,
+    )

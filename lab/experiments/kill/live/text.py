@@ -19,18 +19,27 @@ def _s(value: float | None, digits: int = 2) -> str:
 
 def table(rows: Sequence[PathRow]) -> list[str]:
     """One line per path; the same job, link and image in every row."""
-    out = [f"{'path':<26}{'fault -> next committed step':>30}{'healing':>10}"
-           f"{'steps redone':>14}{'step ms without faults':>24}"]  # fmt: skip
+    out = [
+        f"{'path':<26}{'fault -> next committed step':>30}{'healing':>10}"
+        f"{'steps redone':>14}{'step ms without faults':>24}"
+    ]
     for r in rows:
         step = "-" if r.step_ms is None else f"{r.step_ms:.1f}"
         redone = "-" if r.steps_redone is None else str(r.steps_redone)
-        out.append(f"{r.name:<26}{_s(r.fault_to_commit_s):>30}{_s(r.heal_s, 3):>10}"
-                   f"{redone:>14}{step:>24}")  # fmt: skip
+        out.append(
+            f"{r.name:<26}{_s(r.fault_to_commit_s):>30}{_s(r.heal_s, 3):>10}{redone:>14}{step:>24}"
+        )
     return out
 
 
-def headline(result: LiveResult, live: PathRow, restart: PathRow | None, figs: dict,
-             verdict: Verdict, torchft: PathRow | None = None) -> str:  # fmt: skip
+def headline(
+    result: LiveResult,
+    live: PathRow,
+    restart: PathRow | None,
+    figs: dict,
+    verdict: Verdict,
+    torchft: PathRow | None = None,
+) -> str:
     """E.g. ``live recovery: 0.6 s from the fault to the first committed step at world 3
     (restart path: 21.4 s); rank 2 healed from rank 0 in 0.4 s; replicas identical after every
     committed step``."""
@@ -44,14 +53,25 @@ def headline(result: LiveResult, live: PathRow, restart: PathRow | None, figs: d
     if others:
         text += f" ({'; '.join(others)})"
     if figs.get("heal_from") is not None:
-        text += (f"; rank {result.plan.rank} healed from rank {figs['heal_from']} in "
-                 f"{_s(figs.get('heal_s'), 3)}")  # fmt: skip
-    return text + ("; replicas identical after every committed step" if verdict.ok
-                   else "; FAILED: " + "; ".join(verdict.lines))  # fmt: skip
+        text += (
+            f"; rank {result.plan.rank} healed from rank {figs['heal_from']} in "
+            f"{_s(figs.get('heal_s'), 3)}"
+        )
+    return text + (
+        "; replicas identical after every committed step"
+        if verdict.ok
+        else "; FAILED: " + "; ".join(verdict.lines)
+    )
 
 
-def lines(result: LiveResult, live: PathRow, restart: PathRow | None, figs: dict,
-          verdict: Verdict, torchft: PathRow | None = None) -> list[str]:  # fmt: skip
+def lines(
+    result: LiveResult,
+    live: PathRow,
+    restart: PathRow | None,
+    figs: dict,
+    verdict: Verdict,
+    torchft: PathRow | None = None,
+) -> list[str]:
     """Everything printed after the run, the headline last."""
     fault = result.moment("fault")
     out = []
