@@ -22,7 +22,7 @@ from ddp.flight.diagnosis import PeerFailure
 from ddp.program.config import Rendezvous
 from ddp.program.outcome import BadInput
 
-__all__ = ["NeverJoined", "StaleRendezvous", "check_reachable", "join"]
+__all__ = ["CannotOpen", "NeverJoined", "StaleRendezvous", "check_reachable", "join"]
 
 
 class NeverJoined(PeerFailure):
@@ -31,6 +31,10 @@ class NeverJoined(PeerFailure):
 
 class StaleRendezvous(BadInput):
     """A file:// rendezvous left by an earlier run."""
+
+
+class CannotOpen(BadInput):
+    """Rank 0 could not listen at the tcp:// rendezvous (the port in use, a foreign address)."""
 
 
 def _key(rank: int) -> str:
@@ -60,6 +64,30 @@ def _writable(directory: Path) -> bool:
     return os.access(directory, os.W_OK | os.X_OK)
 
 
+def _tcp_store(
+    rdzv: Rendezvous, host: str, port: int, timeout: timedelta, timeout_s: float
+) -> dist.Store:
+    """Rank 0 opens the store without waiting for the others (so a rank that never comes is
+    named below by its missing key, not blamed on rank 0); the others connect to it."""
+    try:
+        return dist.TCPStore(
+            host, port, rdzv.world_size, rdzv.rank == 0, timeout=timeout, wait_for_workers=False
+        )
+    except RuntimeError as e:  # DistNetworkError: could not listen, or no server reached
+        why = str(e).splitlines()[0][:120]
+        if rdzv.rank == 0:
+            raise CannotOpen(
+                f"--init-method {rdzv.init_method}: rank 0 could not open the rendezvous "
+                f"there ({why}): is the port in use, or the address not this host's?"
+            ) from None
+        raise NeverJoined(
+            f"diagnosis: rank {rdzv.rank} could not reach the rendezvous {rdzv.init_method} "
+            f"within {timeout_s:g} s ({why}): rank 0 is not listening there, or this rank's "
+            "host has no route to rank 0's",
+            [0],
+        ) from None
+
+
 def join(rdzv: Rendezvous, timeout_s: float) -> dist.Store | None:
     """Check in and wait for every rank; the store for ``init_process_group``, or None for
     env:// (use ``init_method`` then). Raises ``NeverJoined`` naming the missing ranks."""
@@ -74,16 +102,7 @@ def join(rdzv: Rendezvous, timeout_s: float) -> dist.Store | None:
                 f"{rdzv.rank} is already in it): delete {url.path} or pass a fresh path"
             )
     elif url.scheme == "tcp":
-        try:
-            store = dist.TCPStore(
-                url.hostname, url.port, rdzv.world_size, rdzv.rank == 0, timeout=timeout
-            )
-        except RuntimeError as e:  # DistNetworkError: no server at host:port
-            raise NeverJoined(
-                f"diagnosis: rank 0 never opened the rendezvous {rdzv.init_method} within "
-                f"{timeout_s:g} s ({str(e).splitlines()[0][:120]})",
-                [0],
-            ) from None
+        store = _tcp_store(rdzv, url.hostname, url.port, timeout, timeout_s)
     else:
         return None
     store.set(_key(rdzv.rank), "1")

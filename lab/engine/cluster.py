@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -28,6 +29,7 @@ from lab.engine.events import Event
 from lab.engine.hosts import HostSet
 from lab.engine.job import Job, JobOptions
 from lab.engine.layout import Layout
+from lab.engine.reach import check_reach
 from lab.engine.specs import (
     DEFAULT_IMAGE,
     LABEL,
@@ -111,6 +113,16 @@ class Cluster:
                 self.nodes.append(NodeHandle(i, self.layout.ranks_of(i), container, host))
             for node in self.nodes:
                 node.container.start()
+            if self.engines.several:
+                # Seconds here, where a broken overlay would otherwise cost the rendezvous
+                # timeout and a diagnosis that blames a rank.
+                t0 = time.monotonic()
+                check_reach(self)
+                pairs = len(self.nodes) * (len(self.nodes) - 1)
+                self.echo(
+                    f"every node reaches every other across engines ({pairs} pairs checked "
+                    f"in {time.monotonic() - t0:.1f} s)"
+                )
         except BaseException:
             self.remove()
             raise

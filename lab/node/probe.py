@@ -12,6 +12,7 @@ by retransmitting it (and show it only as a slow round trip). The client prints 
     python -m lab.node.probe ping --host H --port P --count N
     python -m lab.node.probe bulk --host H --port P --mbytes M
     python -m lab.node.probe udp --host H --port P --count N --wait-ms W
+    python -m lab.node.probe reach --targets H:P,H:P --timeout S
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-__all__ = ["bulk", "main", "ping", "serve", "udp"]
+__all__ = ["bulk", "main", "ping", "reach", "serve", "udp"]
 
 _MSG = 64  # bytes per echo: one small segment, like a 1-float allreduce's messages
 _WARMUP = 3  # first round trips include slow-start/ARP effects; not samples of the steady state
@@ -201,6 +202,35 @@ def bulk(host: str, port: int, mbytes: float = 8.0, timeout: float = 60.0) -> di
     }
 
 
+def reach(targets: Sequence[tuple[str, int]], timeout: float = 5.0) -> dict[str, str]:
+    """One TCP connection to each ``(host, port)``, all at once: ``{"host:port": "ok"}`` or the
+    error that stopped it. Refusals are retried until ``timeout`` (the peer's server may be
+    starting), so an answer other than "ok" took the whole timeout or was an unreachable
+    network."""
+    results: dict[str, str] = {}
+
+    def one(host: str, port: int) -> None:
+        try:
+            _connect(host, port, timeout).close()
+            results[f"{host}:{port}"] = "ok"
+        except OSError as e:  # refused past the timeout, timed out, no route
+            results[f"{host}:{port}"] = type(e).__name__ + (f": {e}" if str(e) else "")
+
+    threads = [threading.Thread(target=one, args=t, daemon=True) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 1.0)
+    for host, port in targets:  # a connect stuck past its own timeout: say so, never wait more
+        results.setdefault(f"{host}:{port}", f"no answer within {timeout:g} s")
+    return results
+
+
+def _target(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host, int(port)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m lab.node.probe``."""
     p = argparse.ArgumentParser(prog="python -m lab.node.probe")
@@ -221,8 +251,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     u.add_argument("--port", type=int, required=True)
     u.add_argument("--count", type=int, default=400)
     u.add_argument("--wait-ms", type=float, default=200.0, help="per datagram, for its echo")
+    r = sub.add_parser("reach", help="one TCP connection to each target, all at once")
+    r.add_argument("--targets", required=True, help="HOST:PORT,HOST:PORT,...")
+    r.add_argument("--timeout", type=float, default=5.0, help="seconds for every connection")
     args = p.parse_args(argv)
-    if args.cmd == "serve":
+    if args.cmd == "reach":
+        targets = [_target(t) for t in args.targets.split(",") if t]
+        print(json.dumps(reach(targets, args.timeout)), flush=True)
+    elif args.cmd == "serve":
         serve(args.port, args.duration, args.bind)
     elif args.cmd == "udp":
         print(json.dumps(udp(args.host, args.port, args.count, args.wait_ms)), flush=True)
