@@ -49,6 +49,13 @@ def diagnose(failed: Sequence[tuple[int, int, str]], hosts: Sequence[str]) -> st
             f"{host} at the address it advertises to the swarm; name the address they reach it "
             f"at in --hosts as ENDPOINT=ADDRESS (e.g. unix:///var/run/docker.sock=10.0.0.5)"
         )
+    elif len(common) == 2:
+        one, other = sorted(common)
+        cause = (
+            f"only {one} and {other} fail to reach each other: check the route between these "
+            f"two (e.g. {one} reaching {other} from another address than the one it advertises "
+            "to the swarm, which --hosts names as ENDPOINT=ADDRESS)"
+        )
     else:
         cause = (
             "the engines do not reach each other over the overlay: open the swarm ports "

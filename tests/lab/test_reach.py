@@ -48,3 +48,9 @@ def test_failures_without_a_common_host_point_at_the_swarm_ports():
 def test_nodes_on_one_engine_that_cannot_connect_are_that_engines_problem():
     line = diagnose([(0, 1, "x")], ["host0", "host0", "host1"])
     assert "nodes on one engine cannot reach each other" in line
+
+
+def test_failures_between_two_hosts_only_point_at_their_route():
+    hosts = ["host0", "host1", "host2"]
+    line = diagnose([(0, 2, "x"), (2, 0, "y")], hosts)
+    assert "only host0 and host2 fail to reach each other: check the route" in line
