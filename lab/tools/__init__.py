@@ -4,4 +4,4 @@ from __future__ import annotations
 
 __all__ = ["TOOLS"]
 
-TOOLS = ("image", "down", "parity", "compose", "stack", "runs")  # lab.tools.<name>
+TOOLS = ("image", "down", "parity", "compose", "stack", "runs", "engines")  # lab.tools.<name>

@@ -1,5 +1,5 @@
 """What the several-hosts tests share: the three engines (this machine's and two more from
-``more-hosts.sh up 2``, each in its own network namespace), their endpoints, and ``python -m
+``python -m lab engines up 2``, each in its own network namespace), their endpoints, and ``python -m
 lab ... --hosts`` run to its end with nothing of it left on any engine. The ``engines``
 fixture lives in conftest.py, so that every module across hosts shares one start of them."""
 
@@ -14,20 +14,19 @@ from pathlib import Path
 from lab.engine.specs import LABEL
 from tests.helpers import leftovers
 
-__all__ = ["HOSTS", "LOCAL", "MORE_HOSTS", "ROOT", "lab", "route", "run_across", "swarm_states"]
+__all__ = ["HOSTS", "LOCAL", "ROOT", "lab", "route", "run_across", "swarm_states"]
 
 ROOT = Path(__file__).resolve().parents[2]
-MORE_HOSTS = Path(os.environ.get("LAB_MORE_HOSTS", ROOT.parent / "shared/tools/more-hosts.sh"))
 LOCAL = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 # host0 is this machine's engine: the others reach it at the root end of host1's veth.
 HOSTS = f"{LOCAL}=10.77.1.1,unix:///var/run/docker-host1.sock,unix:///var/run/docker-host2.sock"
 
 
 def route(via):
-    """host0 reaches host2's namespace from 10.77.2.1, but advertises 10.77.1.1 to the swarm:
-    host2's VXLAN drops packets from a source other than the address its static entries name
-    (the kernel's vxlan_snoop), so host0 must send to host2 from 10.77.1.1. Real machines
-    with one address each have no such asymmetry; more-hosts.sh's topology does."""
+    """Send from host0 to host2's namespace from ``via``. ``lab engines`` sets 10.77.1.1, the
+    address host0 advertises to the swarm; 10.77.2.1 (the kernel's default for that veth)
+    breaks the overlay between host0 and host2, since host2's VXLAN drops packets from a
+    source other than the address its static entries name."""
     subprocess.run(
         [
             "ip",
