@@ -43,7 +43,7 @@ rank, so an element's summation order depends on its position and on the buffer'
 counts in each bucket's tail (1.) lengthen the buffer, so without a communication hook the
 results equal torch's up to the order of float sums; with one (the counts then travel apart)
 every bucket is torch's, element for element (``tests/ddp/test_lesson.py`` holds the lesson,
-this class and torch's DDP bitwise equal).
+this class with torch's ``allreduce_hook`` and torch's DDP bitwise equal).
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ the two settings below:
   what its built-in path does). Without a hook the full wrapper appends one "no gradient
   here" count per parameter to each bucket; that lengthens the buffer, and mini's buckets
   (all multiples of 8 elements) then get segments one element longer, so a few elements near
-  the boundaries are summed in another order (1, 8, 19 of 6792 elements after steps 2-4).
+  the boundaries are summed in another order. The test checks that too: without the hook the
+  full wrapper ends within 1e-6 of the lesson, and not equal to the last bit.
 """
 
 from __future__ import annotations
@@ -71,9 +72,12 @@ def _bitwise(rank: int, world: int) -> None:
         build_model("mini", 0), bucket_cap_mb=CAP_MB, find_unused_parameters=True
     )
     ours.register_comm_hook(None, default_hooks.allreduce_hook)
+    counts_in_tail = DistributedDataParallel(
+        build_model("mini", 0), bucket_cap_mb=CAP_MB, find_unused_parameters=True
+    )
     assert [len(b.params) for b in lesson.buckets] == [3, 2, 1]
     assert lesson.buckets[-1].params[0] is lesson_model.net[0].weight
-    models = {"lesson": lesson, "torch": theirs, "ours": ours}
+    models = {"lesson": lesson, "torch": theirs, "ours": ours, "counts_in_tail": counts_in_tail}
     opts = {k: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for k, m in models.items()}
     for step, micro in enumerate((1, 2, 1, 1)):
         batches = _batches(rank, micro)
@@ -87,6 +91,11 @@ def _bitwise(rank: int, world: int) -> None:
         for opt in opts.values():
             opt.step()
         _assert_bitwise(models, f"after step {step}", grads=False)
+    pairs = zip(lesson.parameters(), counts_in_tail.parameters(), strict=True)
+    differing = sum(int((p != q).sum()) for p, q in pairs)
+    assert differing > 0, "the counts in the buckets' tails moved no segment boundary"
+    for p, q in zip(lesson.parameters(), counts_in_tail.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
     # Overlap: when backward hands over its last gradient, the first two buckets are already
     # on the wire, in every synchronised backward (the no_sync one launches nothing).
     assert launched_before_last == [2, 0, 2, 2, 2], launched_before_last
