@@ -121,7 +121,7 @@ def save(
 ) -> None:
     """Rank 0's checkpoint of ``step``. Replicas are identical, so rank 0's state is
     everyone's; the data position is the step. ``bucket_order``: DDP's, so a resumed run
-    has the same buckets (``ddp.wrapper.bucket_rebuild``)."""
+    has the same buckets (``ddp.wrapper.reducer``)."""
     state = {"model": module.state_dict(), "optimizer": opt.state_dict(), "rng": rng_state()}
     if bucket_order is not None:
         state["bucket_order"] = list(bucket_order)

@@ -59,7 +59,7 @@ def plan_buckets(
 
     Parameters are visited in ``order`` (indices into ``params``), by default reverse
     registration order, which approximates the order backward produces their gradients (the
-    last layer's first); ``bucket_rebuild`` passes the order they really arrived in. Each
+    last layer's first); the rebuild (``reducer``) passes the order they really arrived in. Each
     (dtype, device) pair has its own open bucket, since a flat buffer has one dtype. A bucket
     closes when the next parameter would push it over the cap; a single parameter larger than
     the cap gets a bucket of its own.
@@ -152,7 +152,7 @@ def torch_initial_plan(
     params: Sequence[torch.Tensor], caps: tuple[int, int], *, one_bucket: bool
 ) -> list[BucketSpec]:
     """torch DDP's construction-time plan, which ``DistributedDataParallel`` uses until its
-    rebuild (``bucket_rebuild``), so that ``bucket_sizes`` and per-bucket hook state match
+    rebuild (``reducer``), so that ``bucket_sizes`` and per-bucket hook state match
     torch's. ``one_bucket`` (torch: unless ``find_unused_parameters`` without a static graph):
     a single bucket per dtype for the first iteration, since registration order may not be
     the order gradients arrive, and a bucket launched early on one rank could pair with

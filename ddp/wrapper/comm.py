@@ -1,22 +1,19 @@
 """Collective helpers the wrapper needs besides gradient allreduce: coalesced broadcast of
 parameters and buffers, a cheap check that every rank built the same model, and the flight
-recorder's record of each (when the wrapper has one)."""
+recorder's record of each (when the wrapper has one; ``Recorder`` is what it must offer)."""
 
 from __future__ import annotations
 
 import contextlib
 import zlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-if TYPE_CHECKING:
-    from ddp.wrapper.reducer_support import Recorder
-
-__all__ = ["broadcast_coalesced", "recorded", "sync_replicas", "verify_same_shapes"]
+__all__ = ["Recorder", "broadcast_coalesced", "recorded", "sync_replicas", "verify_same_shapes"]
 
 # Broadcasting a model tensor by tensor pays the collective latency floor once per tensor; one
 # flat buffer per dtype pays it once. The chunk cap bounds the temporary memory.
@@ -79,6 +76,21 @@ def verify_same_shapes(
             f"{len(named)} parameters/buffers with signature {sig:#x}, but the group spans "
             f"[{lo:#x}, {hi:#x}]. Build the same module (same config and code) on every rank."
         )
+
+
+class Recorder(Protocol):
+    """What the wrapper needs of a flight recorder (``ddp.flight.recorder.FlightRecorder``): a
+    record around a blocking collective, or a start and an end for an asynchronous one."""
+
+    def record(
+        self, op: str, *, step: int, bucket: int | None = None, nbytes: int = 0
+    ) -> contextlib.AbstractContextManager[int]: ...
+
+    def start(self, op: str, *, step: int, bucket: int | None = None, nbytes: int = 0) -> int: ...
+
+    def complete(self, seq: int) -> None: ...
+
+    def fail(self, seq: int, error: str) -> None: ...
 
 
 def recorded(recorder: Recorder | None, op: str, step: int) -> contextlib.AbstractContextManager:

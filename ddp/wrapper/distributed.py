@@ -1,13 +1,55 @@
-"""``DistributedDataParallel``: a drop-in for ``torch.nn.parallel.DistributedDataParallel``
-(data parallelism in three moves: see ``ddp.wrapper``).
+"""``DistributedDataParallel``: a drop-in for ``torch.nn.parallel.DistributedDataParallel``.
 
-The class holds torch's whole API; the longer work behind its methods is in plain functions
-beside it (``torch_args``, ``comm``, ``reducer_setup``, ``join``, ``static_graph``).
+Reading order. Start at ``ddp/lesson.py``: the whole idea in under 200 lines (rank 0's weights
+broadcast at construction, a hook per parameter, buckets launched as they fill while backward
+goes on, the mean written back at the end of backward, ``no_sync``). This class does the same
+with torch's whole API; the longer work behind its methods is in the files below, in the order
+worth reading them, each with what it adds and why torch's DDP needs it:
+
+1. ``reducer``: the lesson's hooks and buckets as one state machine that survives what real
+   models do. Its hooks sit on the gradient accumulators, so they also fire under
+   ``torch.distributed.autograd``; the end-of-backward callback is queued from the outputs, so
+   a nested backward (reentrant activation checkpointing) cannot end it early; each bucket
+   carries, per parameter, the number of ranks that gave it no gradient, so a parameter
+   missing on one rank is an error on every rank rather than a hang; the plan is rebuilt once
+   in the order gradients really arrived, since a model whose layers run in another order than
+   they were registered would otherwise launch nothing before backward ends;
+   ``gradient_as_bucket_view`` makes ``.grad`` a view of the bucket (one copy less).
+2. ``buckets``: torch's plan, a pure function every rank computes alike: the first iteration
+   in one bucket (registration order may not be backward's order), a 1 MB first bucket at the
+   default cap so communication starts early, one dtype per bucket.
+3. ``autograd_graph``: ``find_unused_parameters``. A walk of the graph after forward finds
+   the parameters this rank will get no gradient for; they contribute zeros, so a model that
+   skips a layer on some steps or ranks does not leave a bucket waiting forever.
+4. ``static_graph``: a graph declared the same every step needs no walk, and may deliver a
+   parameter's gradient several times per backward (reentrant checkpointing).
+5. ``join``: uneven inputs. A rank that ran out of batches shadows the collectives of those
+   still training, so they do not hang, and all end with the same model.
+6. ``grad_bucket``, ``comm_hooks``, ``hook_names``, ``hierarchical`` and ``topology``:
+   communication hooks, torch's contract for replacing the averaging allreduce without
+   touching the reducer: compression (fp16, bf16, PowerSGD) and a two-level allreduce for
+   ranks on several nodes.
+7. ``sparse``: embeddings with sparse gradients, reduced as sparse tensors after the dense
+   buckets (in a dense bucket a few touched rows would travel as the whole table).
+8. ``logging_data``: ``_get_ddp_logging_data()`` with torch's keys and sampled timings, for
+   tools written against torch's DDP.
+9. ``auto_cap`` and ``auto_tune``: ``bucket_cap_mb='auto'`` (not torch's): time the link at
+   the rebuild and choose the cap from a cost model.
+10. ``comm`` and ``torch_args``: construction: a check that every rank built the same model,
+    the coalesced broadcast, the flight recorder's records, and torch's argument checks.
+
+Numerics: gloo's ring allreduce sums each segment of a flat buffer starting at a different
+rank, so an element's summation order depends on its position and on the buffer's length. The
+counts in each bucket's tail (1.) lengthen the buffer, so without a communication hook the
+results equal torch's up to the order of float sums; with one (the counts then travel apart)
+every bucket is torch's, element for element (``tests/ddp/test_lesson.py`` holds the lesson,
+this class with torch's ``allreduce_hook`` and torch's DDP bitwise equal).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -18,17 +60,20 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from ddp.wrapper.auto_tune import AutoCap, tune, wants_auto
 from ddp.wrapper.autograd_graph import dist_autograd_context, unreached
-from ddp.wrapper.buckets import torch_caps
-from ddp.wrapper.comm import recorded, sync_replicas
+from ddp.wrapper.buckets import torch_caps, torch_initial_plan
+from ddp.wrapper.comm import Recorder, recorded, sync_replicas
 from ddp.wrapper.grad_bucket import check_hook_annotations
 from ddp.wrapper.join import DDPJoinHook, before_forward, final_state, ranks_training
-from ddp.wrapper.reducer_setup import build_reducer, picklable_state
-from ddp.wrapper.reducer_support import Recorder
-from ddp.wrapper.sink import hook_outputs
+from ddp.wrapper.logging_data import DDPLoggingData
+from ddp.wrapper.reducer import Reducer
+from ddp.wrapper.sparse import SparseGrads, split_sparse
 from ddp.wrapper.static_graph import may_set_static_graph, warn_find_unused_with_static_graph
 from ddp.wrapper.torch_args import buffer_sync, check_arguments
 
 __all__ = ["DistributedDataParallel"]
+
+# Rebuilt by ``_build_reducer`` on load; the flight recorder (threads, files) stays behind.
+_NOT_PICKLED = ("reducer", "_logging", "flight_recorder")
 
 
 class DistributedDataParallel(nn.Module, Joinable):
@@ -51,7 +96,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             buckets mean fewer allreduce calls (each pays a latency floor); smaller ones start
             communicating earlier; ``0``: one allreduce per parameter tensor. As in torch, the
             first iteration runs with one bucket (unless ``find_unused_parameters``), then the
-            buckets are rebuilt in the order gradients arrived (``bucket_rebuild``). ``'auto'``
+            buckets are rebuilt in the order gradients arrived (``reducer``). ``'auto'``
             (not torch's): at that rebuild, time the link and choose the cap (``auto_tune``).
         find_unused_parameters: walk the autograd graph after each forward to find parameters
             this rank did not use; they contribute zeros.
@@ -134,19 +179,44 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.forward_sync_buffers = value
 
     def _build_reducer(self) -> None:
-        """The reducer, its hooks and the logging data: at construction and after unpickling."""
-        self.reducer, self._param_index, self._logging = build_reducer(
-            self.module,
+        """The reducer, its hooks and the logging data: at construction and after unpickling.
+
+        The reducer averages the parameters that require grad, sparse-gradient ones apart
+        (``sparse``), in registration order, bucketed by torch's construction-time plan
+        (``buckets``). The logging data counts every parameter that requires grad, so it maps
+        the reducer's indices to those (torch's indices in ``rebuilt_per_bucket_param_indices``
+        and the ready order)."""
+        named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        every = [p for _, p in named]
+        named, sparse = split_sparse(self.module, named)
+        params = [p for _, p in named]
+        one_bucket = self._static_at_init or not self.find_unused_parameters
+        plan = torch_initial_plan(params, self._bucket_caps, one_bucket=one_bucket)
+        self._param_index = {p: i for i, p in enumerate(params)}
+        self.reducer = Reducer(
+            params,
+            [n for n, _ in named],
+            plan,
             self.process_group,
-            self._bucket_caps,
-            bucket_cap_mb=self.bucket_cap_mb,
-            broadcast_buffers=self.forward_sync_buffers,
+            caps=self._bucket_caps,
             overlap=self.overlap,
-            one_bucket=self._static_at_init or not self.find_unused_parameters,
             gradient_as_bucket_view=self.gradient_as_bucket_view,
             find_unused_parameters=self.find_unused_parameters,
             recorder=self.flight_recorder,
+            sparse=SparseGrads(
+                [p for _, p in sparse], [n for n, _ in sparse], self.process_group, len(plan)
+            ),
         )
+        settings = {
+            "bucket_cap_bytes": int(self.bucket_cap_mb * (1 << 20)),
+            "find_unused_parameters": int(self.find_unused_parameters),
+            "gradient_as_bucket_view": int(self.gradient_as_bucket_view),
+            "broadcast_buffers": int(self.forward_sync_buffers),
+        }
+        sizes = self.reducer.bucket_sizes
+        self._logging = DDPLoggingData(self.module, every, sizes, self.process_group, settings)
+        position = {id(p): k for k, p in enumerate(every)}
+        self._logging.param_index = [position[id(p)] for p in params]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         grad = torch.is_grad_enabled()
@@ -171,8 +241,9 @@ class DistributedDataParallel(nn.Module, Joinable):
                 dist_autograd_context=dist_autograd_context(),
             )
             # The end-of-backward callback is queued from the outputs' gradient (see
-            # ddp.wrapper.sink), so nested backwards (reentrant checkpointing) cannot end it early.
-            hook_outputs(out, self.reducer.output_hook)
+            # ddp.wrapper.reducer), so nested backwards (reentrant checkpointing) cannot end it
+            # early.
+            self.reducer.hook_outputs(out)
         return out
 
     @contextlib.contextmanager
@@ -247,7 +318,7 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     def _rebuild_buckets(self) -> bool:
         """torch's ``reducer._rebuild_buckets()``: once, before a synchronised forward, the
-        buckets are re-planned in the order gradients arrived (see ``bucket_rebuild``), with
+        buckets are re-planned in the order gradients arrived (see ``reducer``), with
         the cap ``bucket_cap_mb='auto'`` chose then (``auto_tune``)."""
         if not self.reducer.rebuild_due():
             return False
@@ -263,7 +334,7 @@ class DistributedDataParallel(nn.Module, Joinable):
     @property
     def bucket_order(self) -> list[int] | None:
         """Not torch's API: the parameter order the buckets are (about to be) rebuilt in, for a
-        checkpoint (``bucket_rebuild``); resume with ``restore_bucket_order``."""
+        checkpoint (``reducer``); resume with ``restore_bucket_order``."""
         return self.reducer.bucket_order
 
     def restore_bucket_order(self, order: list[int]) -> None:
@@ -283,8 +354,21 @@ class DistributedDataParallel(nn.Module, Joinable):
         self._logging.set_sample_rate(sample_rate)
 
     def __getstate__(self) -> dict[str, Any]:
-        # Rebuilt by __setstate__ (as torch does), so the loaded wrapper averages again.
-        return picklable_state(self.__dict__, self.process_group)
+        """The wrapper without what does not survive pickling (the reducer's autograd hooks,
+        the logging data built with it, the flight recorder), rebuilt by ``__setstate__`` as
+        torch does, so the loaded wrapper averages again. torch's error for a wrapper of a
+        non-default group, whose group cannot be pickled either."""
+        group = self.process_group
+        if group is not None and group != dist.group.WORLD:
+            raise RuntimeError(
+                "DDP Pickling/Unpickling are only supported when using DDP with the default "
+                "process group. That is, when you have called init_process_group and have not "
+                "passed process_group argument to DDP constructor"
+            )
+        state = copy.copy(self.__dict__)
+        for key in _NOT_PICKLED:
+            state.pop(key, None)
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)  # type: ignore[misc]

@@ -8,7 +8,7 @@ a rank that still has inputs issues, in this order:
 2. ``agree_on_forward``: one MAX-allreduce of ``[sync backward?, broadcast buffers?, rank]``:
    joined ranks learn what to shadow, and everyone learns which rank's buffers to broadcast
    (the highest rank still training: rank 0 may have joined and hold stale buffers).
-3. The buffer broadcast, if any; the bucket rebuild's broadcast, once (``bucket_rebuild``);
+3. The buffer broadcast, if any; the bucket rebuild's broadcast, once (``reducer``);
    then backward's bucket collectives.
 
 A joined rank's ``main_hook`` (called by Join once per iteration of the others) mirrors 2 and 3,
@@ -117,7 +117,7 @@ class DDPJoinHook(JoinHook):
     """torch's ``_DDPJoinHook`` contract for one wrapper (see the module docstring).
 
     ``rebuild_buckets``: the wrapper's rebuild, which the training ranks run once before a
-    forward (``bucket_rebuild``); ``final_state``: the tensors the last joiner broadcasts."""
+    forward (``reducer``); ``final_state``: the tensors the last joiner broadcasts."""
 
     def __init__(
         self,
@@ -142,7 +142,7 @@ class DDPJoinHook(JoinHook):
         if bcast:
             sync_buffers_from(self.buffers, self.process_group, src, self.reducer)
         if sync:
-            self.rebuild_buckets()  # when the training ranks do (ddp.wrapper.bucket_rebuild)
+            self.rebuild_buckets()  # when the training ranks do (ddp.wrapper.reducer)
             reducer = self.reducer
             with recorded(reducer.recorder, "join_shadow_backward", step=reducer.step):
                 reducer.shadow_backward()

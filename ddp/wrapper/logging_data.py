@@ -76,7 +76,7 @@ class DDPLoggingData:
             "dtypes": ", ".join(sorted({_DTYPE_NAMES.get(p.dtype, str(p.dtype)) for p in params})),
             "bucket_sizes": ", ".join(str(s) for s in bucket_sizes),
             "has_sync_bn": int(any(isinstance(m, nn.SyncBatchNorm) for m in module.modules())),
-            "has_rebuilt_buckets": 0,  # until the reducer rebuilds (ddp.wrapper.bucket_rebuild)
+            "has_rebuilt_buckets": 0,  # until the reducer rebuilds (ddp.wrapper.reducer)
             "iteration": 0,
             **settings,
             **{key: os.environ.get(var, "N/A") for key, var in _ENV_KEYS.items()},

@@ -11,7 +11,7 @@ arrives, is the same every iteration. That buys two things:
 
 The first iteration therefore reduces nothing during backward: it only counts, and every bucket
 is reduced at the end (torch calls this "delay all-reduce"). The end-of-backward callback is
-queued from the outputs' gradient hook (``sink``), i.e. on the outermost graph task; a hook
+queued from the outputs' gradient hook (``reducer``), i.e. on the outermost graph task; a hook
 inside a checkpoint's inner backward would queue it on an inner task that ends too early.
 """
 

@@ -69,7 +69,7 @@ def test_conv_parity_with_eight_buckets(tmp_path):
         env=ENV,
     )
     assert r.returncode == 0, r.stderr
-    # step 1 runs with one bucket, then the plan is rebuilt by the cap (ddp.wrapper.bucket_rebuild)
+    # step 1 runs with one bucket, then the plan is rebuilt by the cap (ddp.wrapper.reducer)
     assert [s.num_buckets for s in load_run(tmp_path)[0].steps] == [1, 8, 8]
     assert r.stdout.splitlines()[-1].startswith("parity holds: 2 replicas identical")
 

@@ -4,7 +4,7 @@ what each comm hook hands to the allreduce. Pure.
 Per rank and step, the *payload* is what the collectives are given:
 
 * ``none``: each bucket's float32 gradients plus one float32 count per parameter (ddp's
-  unused-parameter counts ride in the bucket's tail: :mod:`ddp.wrapper.bucket_buffers`);
+  unused-parameter counts ride in the bucket's tail: :mod:`ddp.wrapper.reducer`);
 * ``fp16``/``bf16``: the gradients as 2-byte floats (with a hook the counts live apart and are
   only reduced with ``find_unused_parameters``, which the deep MLP does not use);
 * ``powersgd`` (rank r, torch's ``powerSGD_hook``): a gradient viewed as an n x m matrix
