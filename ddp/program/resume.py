@@ -187,8 +187,8 @@ def agreed_start(
     cfg: TrainConfig,
     rank: int,
     recorder: FlightRecorder,
-    module: nn.Module | None = None,
-    opt: torch.optim.Optimizer | None = None,
+    module: nn.Module,
+    opt: torch.optim.Optimizer,
 ) -> Start | None:
     """The checkpoint every rank resumes from, and the lowest rank holding it; None to start
     fresh. ``module`` and ``opt`` (as built, before any load) give the run's fingerprint.
@@ -200,7 +200,7 @@ def agreed_start(
     """
     if not (cfg.resume or cfg.auto_resume):
         return None
-    assert cfg.checkpoints is not None and module is not None and opt is not None
+    assert cfg.checkpoints is not None
     notes: list[str] = []
     passed: list[str] = []
     found, foreign = _my_candidate(cfg, run_fingerprint(cfg, module, opt), notes, passed)
