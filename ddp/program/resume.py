@@ -112,17 +112,17 @@ def run_fingerprint(cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimi
     fp["model_layout"] = hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:16]
     fp["optimizer"] = type(opt).__name__
     for name, value in sorted(opt.defaults.items()):
-        if isinstance(value, tuple | list):  # e.g. Adam's betas
-            value = list(value)
-            if not all(_scalar(v) for v in value):
-                continue
-        if name not in _IMPLEMENTATION and _scalar(value):
+        value = list(value) if isinstance(value, tuple) else value  # e.g. Adam's betas
+        if name not in _IMPLEMENTATION and _plain(value):
             fp[name] = value
     return fp
 
 
-def _scalar(value: Any) -> bool:
-    return value is None or isinstance(value, bool | int | float | str | list)
+def _plain(value: Any) -> bool:
+    """JSON that compares equal after a round trip (not a tensor-valued lr, say)."""
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    return value is None or isinstance(value, bool | int | float | str)
 
 
 def _label(key: str) -> str:
@@ -133,8 +133,8 @@ def _label(key: str) -> str:
 
 
 def fingerprint_difference(ours: dict, theirs: dict | None) -> str:
-    """ "" when ``theirs`` (a checkpoint's fingerprint) is this run's, else what differs first,
-    with both values, e.g. ``--lr 0.5 here, 0.05 in the checkpoint (also --seed)``."""
+    """Empty when ``theirs`` (a checkpoint's fingerprint) is this run's, else what differs
+    first, with both values, e.g. ``--lr 0.5 here, 0.05 in the checkpoint (also --seed)``."""
     if theirs is None:
         return "it carries no run fingerprint (written before checkpoints had one)"
     keys = list(ours) + [k for k in theirs if k not in ours]
