@@ -7,35 +7,49 @@ and the directory fsynced so the rename itself survives a crash. The file also c
 integrity check, so damage that slipped past the rename (a copy cut short, a flipped bit) is
 detected on load instead of resuming from garbage:
 
-    magic "DDPCKPT1" | payload length (8 bytes, little endian) | sha256(payload) | payload |
-    trailer "DDPCKEND"
+    magic "DDPCKPT2" | meta length (8 bytes, little endian) | payload length (8 bytes) |
+    sha256(meta + payload) | meta | payload | trailer "DDPCKEND"
 
-The payload is `torch.save` of {"step": step, "state": state}. It is loaded with
-`weights_only=True`, so `state` may hold tensors, state_dicts and plain Python containers and
-scalars (enough for model, optimizer, RNG states and the data position), not arbitrary objects.
+The meta is UTF-8 JSON: the step, when it was written (``written_at_ns``, the writer's clock)
+and the fingerprint of the run that wrote it (``ddp.program.resume``), so a reader can tell
+whose checkpoint it is without unpickling anything. The payload is `torch.save` of
+{"step": step, "state": state}, loaded with `weights_only=True`: `state` may hold tensors,
+state_dicts and plain Python containers and scalars (enough for model, optimizer, RNG states
+and the data position), not arbitrary objects. Files of the first format ("DDPCKPT1", no meta)
+still load, with no fingerprint.
+
+A writer killed between creating its temp file and the rename leaves the temp file behind; its
+name carries the writer's host and pid, so ``remove_stale_temp_files`` can tell a dead writer's
+file from a live one's.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 import logging
 import os
 import random
 import re
+import socket
 import struct
 import tempfile
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 __all__ = [
+    "Checkpoint",
     "CorruptCheckpointError",
     "checkpoint_path",
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
+    "read_checkpoint",
+    "remove_stale_temp_files",
     "restore_rng_state",
     "rng_state",
     "save_checkpoint",
@@ -43,14 +57,42 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_MAGIC = b"DDPCKPT1"
+_MAGIC = b"DDPCKPT2"
+_MAGIC_V1 = b"DDPCKPT1"
 _TRAILER = b"DDPCKEND"
-_HEADER = struct.Struct("<8sQ32s")  # magic, payload length, sha256 digest
+_HEADER = struct.Struct("<8sQQ32s")  # magic, meta length, payload length, sha256 digest
+_HEADER_V1 = struct.Struct("<8sQ32s")  # magic, payload length, sha256 digest
 _NAME_RE = re.compile(r"^ckpt_(\d{8})\.pt$")
+# .ckpt_00000006.pt.<host>.<pid>.<random>.tmp; older writers left .ckpt_00000006.pt.<random>.tmp
+_TEMP_RE = re.compile(r"^\.ckpt_\d{8}\.pt\..*\.tmp$")
+_TEMP_OWNER_RE = re.compile(
+    r"^\.ckpt_\d{8}\.pt\.(?P<host>[A-Za-z0-9_-]+)\.(?P<pid>\d+)\.[^.]+\.tmp$"
+)
+# A temp file whose writer cannot be checked (another host, or an old name) is removed only once
+# it is this old: no checkpoint write takes an hour, so its writer is gone.
+TEMP_MAX_AGE_S = 3600.0
 
 
 class CorruptCheckpointError(ValueError):
     """A checkpoint file failed verification (truncated, damaged or not a checkpoint)."""
+
+
+class Checkpoint(NamedTuple):
+    """A verified, loaded checkpoint: its step, meta (fingerprint, written_at_ns) and state."""
+
+    step: int
+    path: Path
+    meta: dict[str, Any]
+    state: dict
+
+    @property
+    def fingerprint(self) -> dict[str, Any] | None:
+        """The run that wrote it (``ddp.program.resume.run_fingerprint``); None if unknown."""
+        return self.meta.get("fingerprint")
+
+    @property
+    def written_at_ns(self) -> int:
+        return int(self.meta.get("written_at_ns", 0))
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:
@@ -66,8 +108,20 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(directory: Path, step: int, state: dict, *, keep: int = 2) -> Path:
-    """Atomically write `state` as the checkpoint of `step`; keep only the newest `keep`.
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname()) or "host"
+
+
+def save_checkpoint(
+    directory: Path,
+    step: int,
+    state: dict,
+    *,
+    keep: int = 2,
+    fingerprint: dict[str, Any] | None = None,
+) -> Path:
+    """Atomically write `state` as the checkpoint of `step`, tagged with the `fingerprint` of
+    the run (JSON); keep only the newest `keep`.
 
     Call it on one rank only (rank 0): the files are shared by all ranks.
     """
@@ -77,18 +131,26 @@ def save_checkpoint(directory: Path, step: int, state: dict, *, keep: int = 2) -
         raise ValueError(f"keep must be >= 1, got {keep}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_files(directory)
     buf = io.BytesIO()
     torch.save({"step": step, "state": state}, buf)
     payload = buf.getvalue()
-    header = _HEADER.pack(_MAGIC, len(payload), hashlib.sha256(payload).digest())
+    meta_obj = {"step": step, "written_at_ns": time.time_ns(), "fingerprint": fingerprint}
+    meta = json.dumps(meta_obj, sort_keys=True).encode()
+    digest = hashlib.sha256(meta + payload).digest()
+    header = _HEADER.pack(_MAGIC, len(meta), len(payload), digest)
 
     final = checkpoint_path(directory, step)
-    # The temp file lives in the same directory so os.replace is a rename, never a copy.
-    fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{final.name}.", suffix=".tmp")
+    # The temp file lives in the same directory so os.replace is a rename, never a copy; its
+    # name says which process writes it (remove_stale_temp_files).
+    fd, tmp_name = tempfile.mkstemp(
+        dir=directory, prefix=f".{final.name}.{_host()}.{os.getpid()}.", suffix=".tmp"
+    )
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(header)
+            f.write(meta)
             f.write(payload)
             f.write(_TRAILER)
             f.flush()
@@ -104,21 +166,28 @@ def save_checkpoint(directory: Path, step: int, state: dict, *, keep: int = 2) -
     return final
 
 
-def _verified_payload(path: Path) -> bytes:
+def _verified(path: Path) -> tuple[dict[str, Any], bytes]:
+    """(meta, payload) of a file whose frame and hash check out."""
     try:
         data = path.read_bytes()
     except OSError as e:
         raise CorruptCheckpointError(f"checkpoint {path}: cannot read it ({e})") from e
     size = len(data)
-    if size < _HEADER.size + len(_TRAILER):
+    magic = data[:8]
+    header = _HEADER_V1 if magic == _MAGIC_V1 else _HEADER
+    if size < header.size + len(_TRAILER):
         raise CorruptCheckpointError(
             f"checkpoint {path}: only {size} bytes, shorter than header + trailer "
             "(truncated or half-written)"
         )
-    magic, length, digest = _HEADER.unpack_from(data)
-    if magic != _MAGIC:
+    if magic == _MAGIC_V1:
+        _, length, digest = _HEADER_V1.unpack_from(data)
+        meta_length = 0
+    elif magic == _MAGIC:
+        _, meta_length, length, digest = _HEADER.unpack_from(data)
+    else:
         raise CorruptCheckpointError(f"checkpoint {path}: bad magic {magic!r}, not a checkpoint")
-    expected = _HEADER.size + length + len(_TRAILER)
+    expected = header.size + meta_length + length + len(_TRAILER)
     if size != expected:
         raise CorruptCheckpointError(
             f"checkpoint {path}: {size} bytes but the header announces {expected} "
@@ -126,10 +195,47 @@ def _verified_payload(path: Path) -> bytes:
         )
     if data[-len(_TRAILER) :] != _TRAILER:
         raise CorruptCheckpointError(f"checkpoint {path}: trailer missing (half-written)")
-    payload = data[_HEADER.size : _HEADER.size + length]
-    if hashlib.sha256(payload).digest() != digest:
+    body = data[header.size : header.size + meta_length + length]
+    if hashlib.sha256(body).digest() != digest:
         raise CorruptCheckpointError(f"checkpoint {path}: sha256 mismatch, content damaged")
-    return payload
+    if not meta_length:
+        return {}, body
+    try:
+        meta = json.loads(body[:meta_length].decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorruptCheckpointError(f"checkpoint {path}: meta is not JSON ({e})") from e
+    if not isinstance(meta, dict):
+        raise CorruptCheckpointError(f"checkpoint {path}: meta is not a JSON object")
+    return meta, body[meta_length:]
+
+
+def read_checkpoint(path: Path) -> Checkpoint:
+    """Verify and load a checkpoint written by `save_checkpoint`, meta included.
+
+    Raises CorruptCheckpointError naming the file and what is wrong; nothing from an
+    unverified file is ever unpickled, and a verified one only with ``weights_only=True``.
+    """
+    path = Path(path)
+    meta, payload = _verified(path)
+    try:
+        obj = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as e:  # a verified payload that torch cannot read: wrong writer/version
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise CorruptCheckpointError(f"checkpoint {path}: payload does not load ({first})") from e
+    if not isinstance(obj, dict) or "state" not in obj or "step" not in obj:
+        raise CorruptCheckpointError(f"checkpoint {path}: payload lacks step/state")
+    if not isinstance(obj["state"], dict):
+        raise CorruptCheckpointError(f"checkpoint {path}: its state is not a dict")
+    m = _NAME_RE.match(path.name)
+    if m is not None and int(m.group(1)) != obj["step"]:
+        raise CorruptCheckpointError(
+            f"checkpoint {path}: file name says step {int(m.group(1))}, content says {obj['step']}"
+        )
+    if "step" in meta and meta["step"] != obj["step"]:
+        raise CorruptCheckpointError(
+            f"checkpoint {path}: meta says step {meta['step']}, content says {obj['step']}"
+        )
+    return Checkpoint(obj["step"], path, meta, obj["state"])
 
 
 def load_checkpoint(path: Path) -> dict:
@@ -138,20 +244,7 @@ def load_checkpoint(path: Path) -> dict:
     Raises CorruptCheckpointError naming the file and what is wrong; nothing from an
     unverified file is ever unpickled.
     """
-    path = Path(path)
-    payload = _verified_payload(path)
-    try:
-        obj = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-    except Exception as e:  # a verified payload that torch cannot read: wrong writer/version
-        raise CorruptCheckpointError(f"checkpoint {path}: payload does not load ({e})") from e
-    if not isinstance(obj, dict) or "state" not in obj or "step" not in obj:
-        raise CorruptCheckpointError(f"checkpoint {path}: payload lacks step/state")
-    m = _NAME_RE.match(path.name)
-    if m is not None and int(m.group(1)) != obj["step"]:
-        raise CorruptCheckpointError(
-            f"checkpoint {path}: file name says step {int(m.group(1))}, content says {obj['step']}"
-        )
-    return obj["state"]
+    return read_checkpoint(path).state
 
 
 def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
@@ -179,12 +272,62 @@ def latest_checkpoint(directory: Path) -> tuple[int, Path] | None:
     """
     for step, path in reversed(list_checkpoints(directory)):
         try:
-            _verified_payload(path)
+            _verified(path)
         except CorruptCheckpointError as e:
             log.warning("skipping corrupt checkpoint: %s", e)
             continue
         return step, path
     return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def remove_stale_temp_files(
+    directory: Path, *, max_age_s: float = TEMP_MAX_AGE_S, now: float | None = None
+) -> list[Path]:
+    """Remove the temp files of checkpoint writers that are gone; returns what was removed.
+
+    A writer killed before its rename leaves ``.ckpt_<step>.pt.<host>.<pid>.<random>.tmp``. Such
+    a file is stale when its writer ran on this host and that pid is no longer alive, or, when
+    that cannot be checked (another host, a name without host and pid), when it has not been
+    touched for ``max_age_s``. A live writer's file is never either, so this can run at any
+    time, beside a writer of this run or another one.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    now = time.time() if now is None else now
+    host, removed = _host(), []
+    for p in directory.iterdir():
+        if not _TEMP_RE.match(p.name):
+            continue
+        owner = _TEMP_OWNER_RE.match(p.name)
+        try:
+            if owner is not None and owner["host"] == host:
+                pid = int(owner["pid"])
+                stale, why = (
+                    pid != os.getpid() and not _pid_alive(pid),
+                    f"its writer, pid {pid} on this host, is gone",
+                )
+            else:
+                age = now - p.stat().st_mtime
+                stale, why = age > max_age_s, f"untouched for {age:.0f} s"
+            if stale:
+                p.unlink()
+        except FileNotFoundError:  # its writer renamed it, or another rank removed it
+            continue
+        if stale:
+            log.warning("removed stale checkpoint temp file %s (%s)", p, why)
+            removed.append(p)
+    return removed
 
 
 def rng_state() -> dict[str, Any]:

@@ -149,6 +149,12 @@ class TrainConfig:
         "fresh (for torchrun --max-restarts, which restarts the same command line)",
         "fault",
     )
+    force_resume: bool = _opt(
+        False,
+        "with --resume or --auto-resume: resume a checkpoint even if another configuration "
+        "wrote it (model, seed, optimizer settings, global batch); this run's settings apply",
+        "fault",
+    )
     step_delay_ms: float = _opt(
         0.0,
         "sleep this long in every step, standing in for a bigger model, so that progress and "
@@ -205,6 +211,8 @@ class TrainConfig:
                 raise ValueError(_bad(name, getattr(self, name), "a number >= 0"))
         if self.resume and self.auto_resume:
             raise ValueError("--resume or --auto-resume (fresh without a checkpoint): pick one")
+        if self.force_resume and not (self.resume or self.auto_resume):
+            raise ValueError("--force-resume needs --resume or --auto-resume")
         if (self.checkpoint_every or self.resume or self.auto_resume) and self.checkpoints is None:
             raise ValueError(
                 "checkpointing, --resume and --auto-resume need a directory all ranks can read: "

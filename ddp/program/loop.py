@@ -82,7 +82,7 @@ def _setup(
     module = build_model(cfg.model, cfg.seed)
     opt = sgd(module, cfg)
     ref = Reference(cfg, world, len(x)) if rank == 0 and cfg.reference else None
-    start = agreed_start(cfg, rank, recorder)
+    start = agreed_start(cfg, rank, recorder, module, opt)
     bucket_order = None if start is None else restore(cfg, start, module, opt, ref, recorder)
     if cfg.backward_delay_ms:
         simulate_backward_compute(module, cfg.backward_delay_ms)

@@ -4,8 +4,8 @@ The wrapper starts with torch's default plan. At the bucket rebuild (before the 
 synchronised forward, where torch re-plans in the order gradients arrived) every rank times a
 few plain allreduces of growing size on its group, rank 0 fits the link and, with the ready
 times of its own last backward, predicts each candidate cap's communication (``auto_cap``) and
-broadcasts its choice; every rank then rebuilds with that cap. The plan stays identical on
-every rank because only rank 0's measurements decide.
+broadcasts its choice (as JSON, ``ddp.wrapper.wire``); every rank then rebuilds with that cap.
+The plan stays identical on every rank because only rank 0's measurements decide.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ddp.wrapper.auto_cap import CapChoice, LinkModel, choose_cap, fit_link
+from ddp.wrapper.wire import broadcast_json
 
 __all__ = ["PROBE_BYTES", "AutoCap", "measure_link", "tune", "wants_auto"]
 
@@ -105,13 +106,26 @@ def tune(reducer: Any, group: dist.ProcessGroup | None, logging: Any) -> AutoCap
     # recorded none), so every rank probes the same sizes
     samples, call_cpu_s = measure_link(group, sum(reducer.bucket_sizes))
     probe_s = time.perf_counter() - t0
-    decided: list[AutoCap | None] = [None]
+    decided = None
     if dist.get_rank(group) == 0:
         link = fit_link(samples, call_cpu_s)
-        decided[0] = AutoCap(choose_cap(ready or [(0.0, 4)], link), link, probe_s)
+        decided = _to_json(AutoCap(choose_cap(ready or [(0.0, 4)], link), link, probe_s))
     src = dist.get_global_rank(group, 0) if group is not None else 0
-    dist.broadcast_object_list(decided, src=src, group=group)
-    chosen = decided[0]
-    assert chosen is not None
+    chosen = _from_json(broadcast_json(decided, src=src, group=group))
     logging.data["auto_bucket_cap"] = json.dumps(chosen.summary())
     return chosen
+
+
+def _to_json(chosen: AutoCap) -> dict[str, Any]:
+    """Rank 0's choice as JSON, exact (float repr round-trips), for the other ranks."""
+    return {
+        "cap_mb": chosen.cap_mb,
+        "predicted_s": [[c, t] for c, t in chosen.predicted_s.items()],
+        "link": [chosen.link.latency_s, chosen.link.bytes_per_s, chosen.link.call_cpu_s],
+        "probe_s": chosen.probe_s,
+    }
+
+
+def _from_json(data: dict[str, Any]) -> AutoCap:
+    choice = CapChoice(float(data["cap_mb"]), {float(c): float(t) for c, t in data["predicted_s"]})
+    return AutoCap(choice, LinkModel(*(float(v) for v in data["link"])), float(data["probe_s"]))

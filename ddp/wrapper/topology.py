@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from ddp.wrapper.wire import all_gather_json
+
 __all__ = ["NODE_ENV", "Topology", "gather_node_names"]
 
 NODE_ENV = "DDP_NODE"
@@ -68,6 +70,7 @@ class Topology:
 def gather_node_names(group: dist.ProcessGroup | None = None) -> list[str]:
     """Every rank's node name, in rank order; a collective on ``group`` (all ranks must call)."""
     mine = os.environ.get(NODE_ENV) or socket.gethostname()
-    names: list[str] = [""] * dist.get_world_size(group)
-    dist.all_gather_object(names, mine, group=group)
+    names = all_gather_json(mine, group=group)
+    if not all(isinstance(n, str) for n in names):
+        raise ValueError(f"node names must be strings, got {names}")
     return names

@@ -1,6 +1,10 @@
 """Checkpoints: bitwise-identical resume, and damaged files refused rather than loaded."""
 
+import hashlib
+import io
 import random
+import struct
+import time
 
 import pytest
 import torch
@@ -12,6 +16,7 @@ from ddp.program.checkpoint import (
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    read_checkpoint,
     restore_rng_state,
     rng_state,
     save_checkpoint,
@@ -168,3 +173,31 @@ def test_bad_arguments(tmp_path):
         save_checkpoint(tmp_path, -1, {})
     with pytest.raises(ValueError, match="keep"):
         save_checkpoint(tmp_path, 1, {}, keep=0)
+
+
+def test_the_meta_says_whose_checkpoint_it_is(tmp_path):
+    fingerprint = {"model": "mini", "lr": 0.05, "seed": 0}
+    before = time.time_ns()
+    path = save_checkpoint(tmp_path, 3, {"w": torch.ones(2)}, fingerprint=fingerprint)
+    found = read_checkpoint(path)
+    assert (found.step, found.path, found.fingerprint) == (3, path, fingerprint)
+    assert before <= found.written_at_ns <= time.time_ns()
+    assert torch.equal(found.state["w"], torch.ones(2))
+    # the meta is under the hash: editing it is damage, not another owner
+    data = path.read_bytes().replace(b'"lr": 0.05', b'"lr": 0.50')
+    path.write_bytes(data)
+    with pytest.raises(CorruptCheckpointError, match="sha256 mismatch"):
+        read_checkpoint(path)
+
+
+def test_a_first_format_checkpoint_loads_without_a_fingerprint(tmp_path):
+    buf = io.BytesIO()
+    torch.save({"step": 5, "state": {"w": torch.zeros(3)}}, buf)
+    payload = buf.getvalue()
+    header = struct.pack("<8sQ32s", b"DDPCKPT1", len(payload), hashlib.sha256(payload).digest())
+    path = checkpoint_path(tmp_path, 5)
+    path.write_bytes(header + payload + b"DDPCKEND")
+    found = read_checkpoint(path)
+    assert (found.step, found.fingerprint, found.written_at_ns) == (5, None, 0)
+    assert torch.equal(found.state["w"], torch.zeros(3))
+    assert latest_checkpoint(tmp_path) == (5, path)
