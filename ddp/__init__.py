@@ -2,7 +2,8 @@
 unused-parameter detection and buffer broadcast, checked against a single process and against
 torch's own DDP.
 
-The package is four rooms (see README.md, "Architecture"):
+Start reading at :mod:`ddp.lesson`, the lesson's wrapper in one file; the package's rooms
+(see README.md, "Architecture", and docs/layout.md):
 
 * :mod:`ddp.wrapper`: the library, ``DistributedDataParallel`` and what it is built from;
 * :mod:`ddp.program`: one rank's training run, ``python -m ddp`` (config, train loop, records);
