@@ -1,12 +1,22 @@
 """The figures of a ``lab kill --recovery live`` run, from the ranks' typed records: one row per
 recovery path (the time from the fault to the next committed step, the healing, the steps
-redone, the step time without faults) and the verdict. Pure: tested from synthetic records.
+redone, the step period without faults) and the verdict; :func:`analyse` puts them into the
+one :class:`LiveSummary` that ``live.json``, the console text and the page are built from.
+Pure: tested from synthetic records.
+
+The step period is measured the same way in every row: per step, when the last rank finished
+it (its commit record on the live paths; the end of its step record on the restart path, whose
+steps commit when they end), then the median time between consecutive steps' ends, over the
+steps before the fault (the restart path: its uninterrupted run). It is what a step costs a
+user, vote, checkpoint writes and all.
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from ddp.torchfree import (
     CommitRecord,
@@ -14,13 +24,24 @@ from ddp.torchfree import (
     HealRecord,
     Record,
     RecoveryVerdictRecord,
+    StepRecord,
     recovery_figures,
     torchft_agreement,
 )
 from lab.experiments.kill.live.result import LiveResult
-from lab.experiments.kill.result import KillResult
+from lab.experiments.kill.restart.result import KillResult
 
-__all__ = ["PathRow", "Verdict", "judge", "live_records", "live_row", "restart_row"]
+__all__ = [
+    "LiveSummary",
+    "PathRow",
+    "Verdict",
+    "analyse",
+    "judge",
+    "live_records",
+    "live_row",
+    "restart_row",
+    "step_period_ms",
+]
 
 
 @dataclass(frozen=True)
@@ -31,7 +52,19 @@ class PathRow:
     fault_to_commit_s: float | None
     heal_s: float | None
     steps_redone: int | None
-    step_ms: float | None  # median step time before the fault
+    step_ms: float | None  # the step period without faults (see the module's docstring)
+
+
+def step_period_ms(ends: Iterable[tuple[int, float]], before: float | None = None) -> float | None:
+    """The median time in ms between consecutive steps' ends, given (step, wall-clock end)
+    pairs of every rank (a step ends when its last rank ends it), over the steps that ended
+    before ``before``; None with fewer than two consecutive steps."""
+    last: dict[int, float] = {}
+    for step, t in ends:
+        last[step] = max(t, last.get(step, t))
+    steps = sorted(s for s, t in last.items() if before is None or t < before)
+    gaps = [last[b] - last[a] for a, b in itertools.pairwise(steps) if b == a + 1]
+    return statistics.median(gaps) * 1e3 if gaps else None
 
 
 @dataclass(frozen=True)
@@ -65,9 +98,9 @@ def live_row(result: LiveResult) -> tuple[PathRow, dict]:
     mine = [r for r in records if not isinstance(r, HealRecord) or r.rank == lost]
     figs = recovery_figures(mine, fault.t, result.plan.nodes)
     failed = {r.step for r in records if isinstance(r, CommitRecord) and not r.committed}
-    row = PathRow(
-        name, figs.get("first_commit_s"), figs.get("heal_s"), len(failed), figs.get("step_ms")
-    )
+    commits = [(r.step, r.t) for r in records if isinstance(r, CommitRecord) and r.committed]
+    period = step_period_ms(commits, before=fault.t)
+    row = PathRow(name, figs.get("first_commit_s"), figs.get("heal_s"), len(failed), period)
     return row, figs
 
 
@@ -86,10 +119,13 @@ def restart_row(kill: KillResult | None) -> PathRow | None:
             firsts.append(log.steps[0].t0 + log.steps[0].step_ms / 1e3)
     to_commit = max(firsts) - kill.injection.end if firsts else None
     redone = None if start_step is None else kill.plan.at_step - 1 - start_step
-    # every rank's steps, as ddp.recovery.timeline.figures takes the live path's
-    ref = [s.step_ms for log in kill.logs.get("reference", {}).values() for s in log.steps]
-    step_ms = statistics.median(ref) if ref else None
-    return PathRow("restart (kill --recover)", to_commit, None, redone, step_ms)
+    ref = kill.logs.get("reference", {}).values()
+    period = step_period_ms(_step_ends(s for log in ref for s in log.steps))
+    return PathRow("restart (kill --recover)", to_commit, None, redone, period)
+
+
+def _step_ends(steps: Iterable[StepRecord]) -> list[tuple[int, float]]:
+    return [(s.step, s.t0 + s.step_ms / 1e3) for s in steps if s.t0 is not None]
 
 
 def judge(result: LiveResult) -> Verdict:
@@ -122,3 +158,34 @@ def judge(result: LiveResult) -> Verdict:
     if ok and verdicts:
         lines.append(verdicts[0].message + (f"; {said}" if said else ""))
     return Verdict(ok, lines)
+
+
+@dataclass
+class LiveSummary:
+    """One live run's figures beside the other paths on the same job, and its verdict."""
+
+    result: LiveResult
+    live: PathRow
+    figures: Mapping[str, float | int | None]  # ddp.recovery's timeline figures of ours
+    verdict: Verdict
+    restart: PathRow | None = None
+    torchft: PathRow | None = None
+    rows: list[PathRow] = field(default_factory=list)  # restart, torchft, ours: the table
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict.ok
+
+
+def analyse(result: LiveResult) -> LiveSummary:
+    live, figs = live_row(result)
+    restart = restart_row(result.restart)
+    torchft = live_row(result.torchft)[0] if result.torchft is not None else None
+    verdict = judge(result)
+    if result.torchft is not None and not judge(result.torchft).ok:
+        # its row is still shown; ours is judged on its own
+        verdict.lines.append(
+            "torchft's run on the same job FAILED: " + "; ".join(judge(result.torchft).lines)
+        )
+    rows = [r for r in (restart, torchft, live) if r is not None]
+    return LiveSummary(result, live, figs, verdict, restart, torchft, rows)

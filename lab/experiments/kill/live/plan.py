@@ -18,7 +18,7 @@ from pathlib import Path
 from ddp.torchfree import TrainConfig
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE
-from lab.experiments.kill.plan import KillPlan, checkpoint_dir, default_run_timeout
+from lab.experiments.kill.restart.plan import KillPlan, checkpoint_dir, default_run_timeout
 
 __all__ = ["COORDINATOR_PORT", "LIVE_MODES", "LIVE_TRAIN", "RECOVERIES", "LivePlan"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ddp.torchfree import RankLog
 from lab.experiments.kill.live.plan import LivePlan
-from lab.experiments.kill.result import KillResult
+from lab.experiments.kill.restart.result import KillResult
 
 __all__ = ["LiveResult", "Moment"]
 

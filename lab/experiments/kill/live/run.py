@@ -19,8 +19,8 @@ from lab.engine.job import Job
 from lab.engine.training import train_argvs
 from lab.experiments.kill.live.plan import COORDINATOR_PORT, LivePlan
 from lab.experiments.kill.live.result import LiveResult, Moment
-from lab.experiments.kill.run import run as run_restart
-from lab.experiments.kill.text import tidy_line
+from lab.experiments.kill.restart.run import run as run_restart
+from lab.experiments.kill.words import tidy_line
 from lab.faults import FAULTS, Fault
 from lab.progress import Progress
 
