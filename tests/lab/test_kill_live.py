@@ -11,6 +11,7 @@ import pytest
 from ddp.torchfree import (
     CommitRecord,
     ConfigRecord,
+    FailureRecord,
     FaultRecord,
     HealRecord,
     QuorumRecord,
@@ -137,7 +138,7 @@ def test_live_row_and_verdict_from_the_records():
 )
 def test_the_verdict_fails_without_a_heal_or_with_a_broken_replica(kwargs, says):
     verdict = judge(_result(**kwargs))
-    assert not verdict.ok and says in verdict.lines
+    assert not verdict.ok and any(says in line for line in verdict.lines)
 
 
 def _restart() -> KillResult:
@@ -183,3 +184,90 @@ def test_the_step_period_is_the_median_gap_between_consecutive_step_ends():
     assert step_period_ms(ends, before=10.5) == pytest.approx(350.0)  # steps 1 and 2
     assert step_period_ms(ends, before=10.7) == pytest.approx(300.0)
     assert step_period_ms([]) is None
+
+
+def test_a_rejoin_that_did_not_happen_fails_and_says_so():
+    started = judge(_result(heal=False))
+    assert not started.ok
+    assert started.lines[-1].startswith(
+        "--rejoin asked for a replacement, and it did not happen: the replacement did not heal "
+        "from a peer (it started 2.0 s after the fault; if the run ended first, raise --steps)"
+    )
+    result = _result(heal=False)
+    result.moments = result.moments[:1]  # no replacement was started at all
+    assert judge(result).lines[-1].endswith("no replacement was started")
+
+
+def _coordinator_loss(codes: dict[int, int], quorum_after: bool = False) -> LiveResult:
+    """The coordinator killed at T in step 5; every rank's records up to then, then (exit 5)
+    the failure record ddp writes when it notices, or (exit 0) the rest of the run."""
+    plan = LivePlan(rank=0, at_step=5, mode="kill", target="coordinator", compare=False)
+    logs = {}
+    for r, code in codes.items():
+        recs = [
+            QuorumRecord(r, 1, [0, 1, 2, 3], 4, r, T - 5, "all 4 ranks registered"),
+            *[CommitRecord(r, s, 1, 4, True, T - 1 + s * 0.2 + r / 1000) for s in (1, 2, 3, 4)],
+        ]
+        if code == 5:
+            recs.append(FailureRecord(r, "the live-recovery coordinator was lost (no successor)"))
+        else:
+            if quorum_after:
+                recs.append(QuorumRecord(r, 2, [0, 1, 2, 3], 4, r, T + 1.5, "successor"))
+            recs.append(RecoveryVerdictRecord(r, True, 40, 40, 0, 1, 40, "replicas identical"))
+        logs[r] = [RankLog(r, recs)]
+    ended = {"live": {r: T + 1.2 + r / 10 for r in codes}}
+    moments = [Moment(T, "lab: kill the coordinator", "fault")]
+    return LiveResult(
+        plan, "c1", Path("/nowhere"), moments, {"live": logs}, {"live": codes}, None, 0, None, ended
+    )
+
+
+def test_coordinator_loss_a_clean_stop_passes_and_says_how_fast():
+    verdict = judge(_coordinator_loss({r: 5 for r in range(4)}))
+    assert verdict.ok, verdict.lines
+    assert verdict.lines == [
+        "clean stop: every rank noticed the coordinator's loss and stopped with exit 5 within "
+        "1.50 s of the fault; no quorum formed after it; rank 0 said: the live-recovery "
+        "coordinator was lost (no successor)"
+    ]
+    out = lines(analyse(_coordinator_loss({r: 5 for r in range(4)})))
+    assert out[-1].startswith("coordinator lost in step 5: clean stop: every rank noticed")
+
+
+@pytest.mark.parametrize(
+    ("codes", "quorum_after", "ok", "says"),
+    [
+        ({r: 0 for r in range(4)}, False, False, "fault tolerance was lost and the run did not"),
+        ({r: 0 for r in range(4)}, True, True, "the job survived the coordinator's loss"),
+        ({0: 5, 1: 5, 2: 4, 3: 5}, False, False, "neither a clean stop (exit 5 on every rank)"),
+    ],
+)
+def test_coordinator_loss_judged_from_exits_and_records(codes, quorum_after, ok, says):
+    verdict = judge(_coordinator_loss(codes, quorum_after))
+    assert verdict.ok is ok and says in verdict.lines[0], verdict.lines
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ("--target coordinator --rank 1", "drop --rank and --host"),
+        ("--target coordinator --rejoin", "drop --rejoin"),
+        ("--target coordinator --compare restart", "drop --compare"),
+    ],
+)
+def test_coordinator_target_refusals(argv, message, capsys):
+    base = "kill --recovery live --mode kill --at-step 5"
+    assert message in cli_error([*base.split(), *argv.split()], capsys)
+
+
+def test_coordinator_target_plan():
+    top, _ = build_parser()
+    argv = "kill --recovery live --target coordinator --mode pause --at-step 5"
+    plan = kill.plan(top.parse_args(argv.split()))
+    assert (plan.target, plan.fault_node, plan.lost, plan.compare) == (
+        "coordinator",
+        4,
+        None,
+        False,
+    )
+    assert plan.describe().endswith("fault: pause the coordinator in step 5")

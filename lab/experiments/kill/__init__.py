@@ -19,7 +19,7 @@ from lab import args as common
 from lab.engine.engines import current
 from lab.experiments.kill import live, restart, torchrun
 from lab.experiments.kill.live import LivePlan, LiveResult, options
-from lab.experiments.kill.live.plan import LIVE_TRAIN
+from lab.experiments.kill.live.plan import COORDINATOR_LOST, LIVE_TRAIN, TARGETS
 from lab.experiments.kill.restart import KillPlan, KillResult
 from lab.experiments.kill.restart.plan import DEFAULT_TRAIN, RUN_TIMEOUT_HELP
 from lab.experiments.kill.torchrun import TorchrunKillPlan, TorchrunKillResult
@@ -149,6 +149,14 @@ def _add_live_arguments(p: argparse.ArgumentParser) -> None:
         "survivors committed a step without it; it heals from a peer",
     )
     g.add_argument(
+        "--target",
+        choices=TARGETS,
+        default=None,
+        help="--recovery live: what the fault hits: rank (the --rank given), or coordinator "
+        "(the coordinator's container: every rank must notice; ddp stops them with exit "
+        f"{COORDINATOR_LOST}, or a successor takes over) (default rank)",
+    )
+    g.add_argument(
         "--heartbeat-timeout",
         type=common.number(0, strict=True),
         metavar="S",
@@ -243,8 +251,17 @@ def _live_plan(args: argparse.Namespace) -> LivePlan:
     if args.heartbeat_timeout is not None:
         train = train.replace(heartbeat_timeout_s=args.heartbeat_timeout)
     restart, torchft = options.compared(args)
+    target = args.target or "rank"
+    if target == "coordinator":
+        if args.rank is not None or args.host is not None:
+            raise ValueError("--target coordinator hits the coordinator: drop --rank and --host")
+        rank = 0  # whose commit of the step before times the fault
+        restart = restart and args.compare is not None  # nothing to compare with by default
+    else:
+        rank = host_rank(args.host, args.mode, args.nodes) if args.rank is None else args.rank
     live = LivePlan(
-        rank=host_rank(args.host, args.mode, args.nodes) if args.rank is None else args.rank,
+        rank=rank,
+        target=target,
         at_step=args.at_step,
         mode=args.mode,
         train=train,
@@ -277,7 +294,9 @@ def plan(args: argparse.Namespace) -> KillPlan | TorchrunKillPlan | LivePlan:
     if args.recovery in ("live", "torchft"):
         return _live_plan(args)
     live_only = [
-        f for f in ("rejoin", "heartbeat_timeout", "no_compare", "compare") if getattr(args, f)
+        f
+        for f in ("rejoin", "heartbeat_timeout", "no_compare", "compare", "target")
+        if getattr(args, f)
     ]
     if live_only:
         flag = "--" + live_only[0].replace("_", "-")

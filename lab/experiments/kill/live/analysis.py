@@ -22,12 +22,14 @@ from ddp.torchfree import (
     CommitRecord,
     ConfigRecord,
     HealRecord,
+    QuorumRecord,
     Record,
     RecoveryVerdictRecord,
     StepRecord,
     recovery_figures,
     torchft_agreement,
 )
+from lab.experiments.kill.live.plan import COORDINATOR_LOST
 from lab.experiments.kill.live.result import LiveResult
 from lab.experiments.kill.restart.result import KillResult
 
@@ -94,7 +96,7 @@ def live_row(result: LiveResult) -> tuple[PathRow, dict]:
     records = live_records(result)
     # The heal figures are the replacement's: a survivor left out of a quorum (it noticed the
     # fault after the check-in window) heals too, and may come first.
-    lost = result.plan.rank
+    lost = result.plan.lost
     mine = [r for r in records if not isinstance(r, HealRecord) or r.rank == lost]
     figs = recovery_figures(mine, fault.t, result.plan.nodes)
     failed = {r.step for r in records if isinstance(r, CommitRecord) and not r.committed}
@@ -132,6 +134,8 @@ def judge(result: LiveResult) -> Verdict:
     """Exit 0 only if the survivors committed a step without the lost rank, every member of
     the last quorum says the replicas were identical after every committed step and every
     step was committed, and (``--rejoin``) the replacement healed."""
+    if result.plan.target == "coordinator":
+        return _judge_coordinator_loss(result)
     records = live_records(result)
     verdicts = [r for r in records if isinstance(r, RecoveryVerdictRecord)]
     row, figs = live_row(result)
@@ -154,10 +158,81 @@ def judge(result: LiveResult) -> Verdict:
             lines.append(said)
     if result.plan.rejoin and figs.get("heal_from") is None:
         ok = False
-        lines.append("the replacement did not heal from a peer")
+        started = result.moment("replacement")
+        lines.append(
+            "--rejoin asked for a replacement, and it did not happen: "
+            + (
+                "the replacement did not heal from a peer (it started "
+                f"{started.t - result.moment('fault').t:.1f} s after the fault; if the run "
+                "ended first, raise --steps)"
+                if started is not None and result.moment("fault") is not None
+                else "no replacement was started"
+            )
+        )
     if ok and verdicts:
         lines.append(verdicts[0].message + (f"; {said}" if said else ""))
     return Verdict(ok, lines)
+
+
+def _judge_coordinator_loss(result: LiveResult) -> Verdict:
+    """The coordinator was the target. Fine by design: every rank noticed and stopped with
+    ddp's exit code for it, and none claimed its replicas held (a clean stop); or the job
+    survived, a new quorum formed after the loss and every step was committed. A run whose
+    ranks trained on with no quorum after the loss lost its fault tolerance silently: failed."""
+    plan, fault = result.plan, result.moment("fault")
+    codes = result.codes.get("live", {})
+    ranks = range(plan.nodes)
+    records = live_records(result)
+    t = fault.t if fault is not None else 0.0
+    verdicts = [r for r in records if isinstance(r, RecoveryVerdictRecord)]
+    quorums = sorted({r.quorum_id for r in records if isinstance(r, QuorumRecord) and r.t >= t})
+    exits = ", ".join(f"rank {r} {codes.get(r, '-')}" for r in ranks)
+    if fault is None:
+        return Verdict(False, ["the coordinator was never hit"])
+    if all(codes.get(r) == COORDINATOR_LOST for r in ranks):
+        claimed = [v.rank for v in verdicts if v.holds]
+        if claimed:
+            return Verdict(False, [f"ranks {claimed} said their replicas held after the loss"])
+        ended = result.ended.get("live", {})
+        slowest = max((ended[r] - t for r in ranks if r in ended), default=None)
+        within = "" if slowest is None else f" within {slowest:.2f} s of the fault"
+        said = next(
+            (a[-1].failure.message for a in result.logs.get("live", {}).values() if a[-1].failure),
+            "no failure record",
+        )
+        return Verdict(
+            True,
+            [
+                f"clean stop: every rank noticed the coordinator's loss and stopped with exit "
+                f"{COORDINATOR_LOST}{within}; no quorum formed after it; rank 0 said: {said}"
+            ],
+        )
+    if all(codes.get(r) == 0 for r in ranks) and quorums:
+        bad = [v for v in verdicts if not v.holds or v.committed_steps != v.expected_steps]
+        if verdicts and not bad:
+            return Verdict(
+                True,
+                [
+                    f"the job survived the coordinator's loss: quorums {quorums} formed after "
+                    f"it; {verdicts[0].message}"
+                ],
+            )
+        return Verdict(False, [f"rank {v.rank}: {v.message}" for v in bad] or ["no verdict"])
+    if all(codes.get(r) == 0 for r in ranks):
+        return Verdict(
+            False,
+            [
+                "every rank trained to the end with no quorum formed after the coordinator's "
+                "loss: fault tolerance was lost and the run did not say so"
+            ],
+        )
+    return Verdict(
+        False,
+        [
+            f"after the coordinator's loss the ranks exited {exits}: neither a clean stop "
+            f"(exit {COORDINATOR_LOST} on every rank) nor a survived run"
+        ],
+    )
 
 
 @dataclass

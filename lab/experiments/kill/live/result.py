@@ -3,7 +3,7 @@ built and tested from synthetic records as well as from a real run."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddp.torchfree import RankLog
@@ -33,6 +33,7 @@ class LiveResult:
     restart: KillResult | None  # the restart path on the same job, when it ran
     seconds: float = 0.0
     torchft: LiveResult | None = None  # the same job under torchft, when it ran
+    ended: dict[str, dict[int, float]] = field(default_factory=dict)  # job -> rank -> exit t
 
     def moment(self, kind: str) -> Moment | None:
         return next((m for m in self.moments if m.kind == kind), None)

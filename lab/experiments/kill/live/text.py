@@ -45,6 +45,11 @@ def headline(summary: LiveSummary) -> str:
     committed step``."""
     result, live, figs, verdict = summary.result, summary.live, summary.figures, summary.verdict
     restart, torchft = summary.restart, summary.torchft
+    if result.plan.target == "coordinator":
+        said = "; ".join(verdict.lines)
+        return f"coordinator lost in step {result.plan.at_step}: " + (
+            said if verdict.ok else f"FAILED: {said}"
+        )
     # torchft's lighthouse may first form a quorum without a survivor stuck in the old group
     world = figs.get("first_commit_world") or result.plan.nodes - 1
     text = f"{result.plan.recovery} recovery: {_s(live.fault_to_commit_s)} from the fault to "
