@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from lab.report.guard import report_failure
+from lab.report.failed import report_failure
 from lab.report.publish import publish
 from lab.report.results import Results
 

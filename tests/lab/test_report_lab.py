@@ -17,8 +17,7 @@ from lab.experiments.latency.outputs import write_files
 from lab.experiments.latency.page import page as latency_page
 from lab.experiments.latency.plan import TRAIN_DEFAULTS, LatencyPlan
 from lab.experiments.latency.result import ConfigRun, LinkReport, SweepResult
-from lab.report.failed import failure_report, key_figure
-from lab.report.guard import report_failure
+from lab.report.failed import failure_report, key_figure, report_failure
 from lab.report.publish import publish
 from lab.report.summary import read_summary
 from tests.lab.latency_logs import write_logs

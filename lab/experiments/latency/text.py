@@ -1,20 +1,35 @@
 """What ``lab latency`` prints: the progress line of a finished configuration, and from the
 sweep's summary the table (a block per delay and phase, a phase's block led by what it shows
 and why), the per-bucket timings, the per-cap overlap line, the auto cap's and accumulation's
-lines (:mod:`.findings`) and the headline. Pure."""
+lines and the headline. Pure.
+
+The auto cap (``bucket_cap_mb="auto"``) is chosen by the wrapper at the bucket rebuild, from a
+timing of the link and of the last backward, so it may differ from round to round: every
+round's choice is shown. Accumulating K micro-batches per optimizer step sends the same
+allreduces once per K x batch samples: the communication wait per sample should fall about
+K-fold while parity still holds against one process on the whole K x batch.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from lab.experiments.latency.analysis import Headline, LatencySummary, Row, phase_groups
 from lab.experiments.latency.bucket_stats import format_timing
-from lab.experiments.latency.findings import accumulation_line, auto_cap_lines
 from lab.experiments.latency.result import ConfigRun
 from lab.experiments.reporting import Closing
+from lab.words import count
 
-__all__ = ["closing", "describe", "format_table", "headline_line", "overlap_by_cap_line"]
+__all__ = [
+    "accumulation_line",
+    "auto_cap_lines",
+    "closing",
+    "describe",
+    "format_table",
+    "headline_line",
+    "overlap_by_cap_line",
+]
 
 
 def describe(run: ConfigRun, done: int, total: int) -> str:
@@ -42,6 +57,65 @@ def overlap_by_cap_line(rows: list[Row], ms: float) -> str:
                 what = "per-parameter" if cap == 0 else f"{cap:g} MB"
                 parts.append(f"{what} {off[0].median_step_ms / on[0].median_step_ms:.2f}x")
     return f"overlap gain per cap at {ms:g} ms: {', '.join(parts) or '-'}"
+
+
+def _fastest_fixed(rows: Sequence[Row], overlap: bool | None) -> Row | None:
+    fixed = [r for r in rows if r.is_bucketed or r.cap_mb == 0]
+    fixed = [r for r in fixed if r.accumulate == 1 and r.overlap is overlap]
+    return min(fixed, key=lambda r: r.median_step_ms, default=None)
+
+
+def _caps(caps: Sequence[float]) -> str:
+    return ", ".join(f"{cap:g} MB (round {i})" for i, cap in enumerate(caps, 1)) or "nothing"
+
+
+def auto_cap_lines(rows: Sequence[Row], ms: float) -> list[str]:
+    """Per phase with an auto cap row at ``ms``: the cap chosen in every round, its
+    allreduces per step, and its step time against the fastest fixed cap's (same overlap)."""
+    lines = []
+    for group in phase_groups(rows, ms):
+        for auto in (r for r in group if r.is_auto):
+            where = f", {auto.phase}-bound phase" if auto.phase else ""
+            best = _fastest_fixed(group, auto.overlap)
+            versus = "no fixed cap ran beside it"
+            if best is not None:
+                versus = (
+                    f"step {auto.median_step_ms / best.median_step_ms:.2f}x the fastest fixed "
+                    f"cap's ({best.config}: {best.median_step_ms:.1f} ms)"
+                )
+            lines.append(
+                f"auto cap at {ms:g} ms{where}: chose {_caps(auto.auto_caps)}, "
+                f"{count(auto.calls, 'allreduce')}/step, median step "
+                f"{auto.median_step_ms:.1f} ms, {versus}"
+            )
+    return lines
+
+
+def accumulation_line(rows: Sequence[Row], ms: float) -> str:
+    """Communication per sample with K micro-batches per step against the same configuration
+    without accumulation, at ``ms`` ('' when no accumulation row ran beside its base)."""
+    for group in phase_groups(rows, ms):
+        for acc in (r for r in group if r.accumulate > 1 and not r.is_floor):
+            base = next(
+                (
+                    r
+                    for r in group
+                    if r.accumulate == 1 and (r.cap_mb, r.overlap) == (acc.cap_mb, acc.overlap)
+                ),
+                None,
+            )
+            if base is None or not (base.samples and acc.samples and acc.median_comm_ms > 0):
+                continue
+            drop = base.comm_ms_per_sample / acc.comm_ms_per_sample
+            calls = (base.calls / base.samples) / (acc.calls / acc.samples)
+            return (
+                f"accumulation at {ms:g} ms: communication per sample {drop:.1f}x lower with "
+                f"accumulate {acc.accumulate} ({base.config}: {base.calls} allreduces per "
+                f"{base.samples} -> {acc.samples} samples, {calls:.1f}x fewer per sample; comm "
+                f"wait {base.median_comm_ms:.1f} -> {acc.median_comm_ms:.1f} ms per step, "
+                f"{base.comm_ms_per_sample:.2f} -> {acc.comm_ms_per_sample:.2f} ms per sample)"
+            )
+    return ""
 
 
 def headline_line(h: Headline) -> str:
