@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from lab.engine.client import EngineUnreachable, LabError
     from lab.engine.distribute import hosts_arg
     from lab.engine.engines import using
-    from lab.report.guard import guarded
+    from lab.report.failed import guarded
 
     parser, subparsers = build_parser()
     args, extra = parser.parse_known_args(argv)

@@ -19,8 +19,8 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, TypedDict
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from ddp.torchfree import Record, VerdictRecord
 from lab.engine.client import GONE
@@ -28,11 +28,24 @@ from lab.engine.events import Event, ExitEvent, LineEvent, RecordEvent, parse_ev
 from lab.engine.specs import launcher_argv
 
 if TYPE_CHECKING:
-    from lab.engine.cluster import Cluster
+    from docker.models.containers import Container
 
 __all__ = ["Job", "JobOptions"]
 
 _TAIL = 15
+
+
+class _Node(Protocol):
+    container: Container
+    ranks: list[int]
+
+
+class Cluster(Protocol):
+    """What a job needs of its cluster (:class:`lab.engine.cluster.Cluster`): its nodes, each
+    a container and the ranks it runs."""
+
+    @property
+    def nodes(self) -> Sequence[_Node]: ...
 
 
 class JobOptions(TypedDict, total=False):

@@ -1,11 +1,12 @@
-"""What every sweep hands to its report, and what the report does around its own table.
+"""What every sweep hands to its report, and the one direction its report flows in.
 
 The result: the run's id and directory, the verified link of every setting, every job's run,
-how long it took. The report: write the figures from the collected logs (or say, without a
-traceback, why the logs cannot give them, and where they are), print the experiment's table,
-one line of how long the run took and which files it wrote, what broke, and the exit code;
-then the run's page, summary and scalars (:mod:`lab.report`). Docker-free, so reports and
-their tests build on it without the engine.
+how long it took. The report: ``analyse(result)`` turns it into the experiment's summary (or a
+``ValueError`` saying why the collected logs cannot give the figures); then the files, the
+console text and the page are each built from that summary alone, none from what another of
+them returned. :func:`report_sweep` prints the experiment's table, one line of how long the run
+took and which files it wrote, the page's line, what broke, the closing lines, and returns the
+exit code. Docker-free, so reports and their tests build on it without the engine.
 """
 
 from __future__ import annotations
@@ -16,13 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from lab.report.guard import report_failure
+from lab.report.failed import report_failure
 from lab.report.publish import publish
 from lab.report.results import Results
 
-__all__ = ["Closing", "SweepResult", "report_sweep", "written", "wrote_line"]
+__all__ = ["Closing", "Judged", "SweepResult", "report_sweep", "wrote_line"]
 
-Out = TypeVar("Out")
 PlanT = TypeVar("PlanT")
 LinkT = TypeVar("LinkT")
 RunT = TypeVar("RunT")
@@ -48,28 +48,28 @@ class SweepResult(Generic[PlanT, LinkT, RunT]):
         return self.run_dir / run.job / "logs"
 
 
+class Judged(Protocol):
+    """What :func:`report_sweep` needs of an experiment's summary: the run it was made from,
+    and what broke (e.g. "parity BROKEN in: ..."; "" when nothing did)."""
+
+    @property
+    def result(self) -> Any: ...
+
+    @property
+    def broken(self) -> str: ...
+
+
+R = TypeVar("R")
+S = TypeVar("S", bound=Judged)
+
+
 @dataclass(frozen=True)
 class Closing:
-    """An experiment's lines around the report's 'took' line; ``broken`` (what broke, e.g.
-    "parity BROKEN in: ...") makes the exit code 1."""
+    """An experiment's console lines: ``table`` before the 'took' line, ``after`` after what
+    broke (the headline last)."""
 
-    table: list[str]  # before the 'took' line
-    broken: str = ""
+    table: list[str]
     after: list[str] = field(default_factory=list)
-
-
-def written(write_outputs: Callable[[Any], Out], result: Any) -> Out | None:
-    """``write_outputs(result)``, or None after printing why it failed (a ValueError, LogError
-    included: the logs cannot give the figures); the caller then exits 1."""
-    return _written(write_outputs, result)[0]
-
-
-def _written(write_outputs: Callable[[Any], Out], result: Any) -> tuple[Out | None, str]:
-    try:
-        return write_outputs(result), ""
-    except ValueError as e:
-        print(f"error: {e} (the logs are in {result.run_dir}/)", file=sys.stderr)
-        return None, str(e)
 
 
 def wrote_line(result: Any, files: Sequence[Path], took: str = "took") -> str:
@@ -78,36 +78,36 @@ def wrote_line(result: Any, files: Sequence[Path], took: str = "took") -> str:
 
 
 def report_sweep(
-    result: Any,
-    write_outputs: Callable[[Any], Out],
-    closing: Callable[[Any, Out], Closing],
-    took: str = "took",
+    result: R,
+    analyse: Callable[[R], S],
     *,
-    results: Callable[[Any, Out, str], Results] | None = None,
-    name: str = "",
+    files: Callable[[S], Sequence[Path]],
+    console: Callable[[S], Closing],
+    page: Callable[[S], Results],
+    name: str,
+    took: str = "took",
 ) -> int:
-    """Write the files, print the experiment's lines around the 'took' line; exit 1 when the
-    logs cannot give the figures or something broke, else 0. With ``results`` (the
-    experiment's page builder, given the outputs and what broke) also ``report.html``,
-    ``summary.json`` and the scalars; when the logs cannot give the figures, the failure page
-    of experiment ``name`` instead."""
-    out, why = _written(write_outputs, result)
-    if out is None:
-        if name:
-            report_failure(
-                name, result.run_dir, f"the logs cannot give the figures: {why}", result.seconds
-            )
+    """Analyse ``result``, write its files, print its console lines and publish its page
+    (``report.html``, ``summary.json``, the scalars); exit 1 when something broke, else 0.
+    When the logs cannot give the figures: one error line, the failure page of experiment
+    ``name``, exit 1."""
+    run_dir, seconds = result.run_dir, result.seconds  # type: ignore[attr-defined]
+    try:
+        summary = analyse(result)
+        written = files(summary)
+    except ValueError as e:
+        print(f"error: {e} (the logs are in {run_dir}/)", file=sys.stderr)
+        report_failure(name, run_dir, f"the logs cannot give the figures: {e}", seconds)
         return 1
-    lines = closing(result, out)
+    lines = console(summary)
     for line in lines.table:
         print(line)
-    print(wrote_line(result, out.files, took))  # type: ignore[attr-defined]
-    if results is not None:  # before what broke and the headline: those stay the last lines
-        made = results(result, out, lines.broken)
-        for line in publish(result.run_dir, made.page, made.summary, made.files, made.jobs):
-            print(line)
-    if lines.broken:
-        print(lines.broken)
+    print(wrote_line(result, written, took))
+    made = page(summary)  # before what broke and the headline: those stay the last lines
+    for line in publish(run_dir, made.page, made.summary, made.files, made.jobs):
+        print(line)
+    if summary.broken:
+        print(summary.broken)
     for line in lines.after:
         print(line)
-    return 1 if lines.broken else 0
+    return 1 if summary.broken else 0

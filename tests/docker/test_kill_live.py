@@ -2,7 +2,8 @@
 coordinator container, four ranks in four containers, one SIGKILLed by ``docker kill`` during
 a step, the survivors going on at world 3, a replacement started in the dead rank's container
 and healed from a peer, then the restart path on the same job -- its timeline, its table, its
-verdict line, its files, and nothing labelled ``lab.run`` left behind.
+verdict line, its files, and nothing labelled ``lab.run`` left behind; and the coordinator
+itself as the target.
 Run with ``pytest -m docker tests/docker/test_kill_live.py``."""
 
 from __future__ import annotations
@@ -66,3 +67,25 @@ def test_live_recovery_with_a_replacement_and_the_restart_path(client, tmp_path)
     assert heal and heal[0].nbytes > 2_000_000  # the tower's weights and momentum
     commits = [r for r in replacement if isinstance(r, CommitRecord) and r.committed]
     assert commits and commits[0].world_size == 4 and commits[-1].step == 30
+
+
+@pytest.mark.timeout(900)
+def test_the_coordinator_as_the_target(client, tmp_path):
+    """``--target coordinator``: the coordinator's container SIGKILLed in step 4. By design
+    every rank either notices and stops with ddp's exit code for it (a clean stop, one line
+    each), or a successor takes over and every step is committed; never a run that trains on
+    and says its replicas held with nobody left to notice a fault."""
+    argv = "kill --recovery live --target coordinator --mode kill --at-step 4 --steps 30"
+    out, run_id = run_lab(client, [*argv.split(), "--runs-dir", str(tmp_path)], 850)
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("coordinator lost in step 4: "), out
+    assert "clean stop: every rank noticed" in last or "survived the coordinator's loss" in last
+    assert "lab: kill the coordinator (docker kill" in out
+    doc = json.loads((tmp_path / run_id / "live.json").read_text())
+    assert doc["ok"] and doc["headline"] == last and doc["paths"][0]["name"] == "ours (live)"
+    logs = load_attempts(tmp_path / run_id / "live" / "logs")
+    assert sorted(logs) == [0, 1, 2, 3]
+    if "clean stop" in last:  # nobody claimed its replicas held after the loss
+        for attempts in logs.values():
+            records = attempts[-1].records
+            assert not any(isinstance(r, RecoveryVerdictRecord) and r.holds for r in records)

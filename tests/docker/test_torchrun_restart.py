@@ -17,7 +17,12 @@ from lab.engine.events import RecordEvent
 from lab.engine.layout import Layout
 from lab.engine.specs import LABEL, job_dir
 from lab.engine.training import Torchrun
-from lab.experiments.kill.restarts import PS_ARGV, compare_final, restart_timeline, worker_pids
+from lab.experiments.kill.torchrun.restarts import (
+    PS_ARGV,
+    compare_final,
+    restart_timeline,
+    worker_pids,
+)
 from tests.helpers import leftovers
 
 pytestmark = pytest.mark.docker

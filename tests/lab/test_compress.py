@@ -17,7 +17,7 @@ from ddp.program.config import POWERSGD_START_ITER
 from ddp.program.records import ConfigRecord, EndRecord, RecordLog, StepRecord
 from lab.cli import build_parser
 from lab.experiments import compress
-from lab.experiments.compress import analysis, outputs, wire
+from lab.experiments.compress import analysis, wire
 from lab.experiments.compress.plan import QUICK, TRAIN_DEFAULTS, CompressPlan
 from lab.experiments.compress.result import CompressResult, HookRun, LinkInfo
 from lab.experiments.compress.text import crossover_line, format_table
@@ -165,7 +165,7 @@ def _result(tmp_path: Path) -> CompressResult:
 
 
 def test_rows_compare_with_none_at_the_same_rate(tmp_path):
-    rows = outputs.combine_rounds(_result(tmp_path))
+    rows = analysis.combine_rounds(_result(tmp_path))
     by = {(r.rate_mbit, r.hook): r for r in rows}
     fp16 = by[(20.0, "fp16")]
     # slowest rank (rank 1: +1 ms) over the 3 steps after the 2 warm-up steps
@@ -179,7 +179,7 @@ def test_rows_compare_with_none_at_the_same_rate(tmp_path):
 
 
 def test_the_crossover_is_interpolated_between_the_measured_rates(tmp_path):
-    rows = outputs.combine_rounds(_result(tmp_path))
+    rows = analysis.combine_rounds(_result(tmp_path))
     cs = {c.hook: c for c in analysis.crossovers(rows)}
     fp16 = cs["fp16"]
     assert fp16.pays_at == (20.0, 1000.0) and (fp16.lowest, fp16.highest) == (20.0, 1000.0)
@@ -249,7 +249,7 @@ def test_rounds_are_pooled_and_each_round_shown(tmp_path):
             20.0, 2, "fp16", "20mbit-fp16-r2", {0: 0, 1: 0}, True, 9.0, {0: 8_000_000, 1: 1_000_000}
         )
     )
-    fp16 = next(r for r in outputs.combine_rounds(result) if (r.rate_mbit, r.hook) == (20, "fp16"))
+    fp16 = next(r for r in analysis.combine_rounds(result) if (r.rate_mbit, r.hook) == (20, "fp16"))
     assert fp16.round_step_ms == (501.0, 701.0) and fp16.steps_measured == 6
     assert fp16.median_step_ms == 601.0  # the median of all 6 measured steps
     assert fp16.job_sent_mb == 8.5  # the median of the rounds' busiest nodes

@@ -11,6 +11,7 @@ import pytest
 from ddp.torchfree import (
     CommitRecord,
     ConfigRecord,
+    FailureRecord,
     FaultRecord,
     HealRecord,
     QuorumRecord,
@@ -20,11 +21,17 @@ from ddp.torchfree import (
 )
 from lab.cli import build_parser
 from lab.experiments import kill
-from lab.experiments.kill.live.analysis import judge, live_row, restart_row
+from lab.experiments.kill.live.analysis import (
+    analyse,
+    judge,
+    live_row,
+    restart_row,
+    step_period_ms,
+)
 from lab.experiments.kill.live.plan import LIVE_TRAIN, LivePlan
 from lab.experiments.kill.live.result import LiveResult, Moment
 from lab.experiments.kill.live.text import lines
-from lab.experiments.kill.result import Injection, KillResult
+from lab.experiments.kill.restart.result import Injection, KillResult
 from tests.helpers import cli_error
 
 T = 1000.0  # the fault's wall clock
@@ -85,6 +92,8 @@ def _live_logs(heal: bool = True, holds: bool = True) -> dict[int, list[RankLog]
         records = [
             QuorumRecord(r, 1, [0, 1, 2, 3], 4, r, T - 5, "all 4 ranks registered"),
             *[StepRecord(r, s, 1.0, 0.0, 200.0 + r, 1.0, t0=T - 6 + s * 0.2) for s in (1, 2, 3)],
+            # committed 250 ms apart (rank 3 last), the step before the fault included
+            *[CommitRecord(r, s, 1, 4, True, T - 3 + s * 0.25 + r / 1000) for s in range(1, 6)],
             FaultRecord(r, 1, 6, T + 0.03 + r / 100, "self", "gradient allreduce failed"),
             CommitRecord(r, 6, 1, 4, False, T + 0.05, "quorum lost"),
             QuorumRecord(r, 2, [0, 1, 3], 3, [0, 1, 3].index(r), T + 0.1, "lost rank 2", [2]),
@@ -113,9 +122,8 @@ def test_live_row_and_verdict_from_the_records():
     result = _result()
     row, figs = live_row(result)
     assert row.fault_to_commit_s == pytest.approx(0.45) and row.steps_redone == 1
-    assert row.heal_s == pytest.approx(0.02) and row.step_ms == pytest.approx(
-        201.0
-    )  # every rank's steps
+    # the step period: from one step's last commit to the next's, before the fault
+    assert row.heal_s == pytest.approx(0.02) and row.step_ms == pytest.approx(250.0)
     assert figs["heal_from"] == 0 and figs["startup_s"] == pytest.approx(3.0)
     verdict = judge(result)
     assert verdict.ok and verdict.lines == ["replicas identical"]
@@ -130,7 +138,7 @@ def test_live_row_and_verdict_from_the_records():
 )
 def test_the_verdict_fails_without_a_heal_or_with_a_broken_replica(kwargs, says):
     verdict = judge(_result(**kwargs))
-    assert not verdict.ok and says in verdict.lines
+    assert not verdict.ok and any(says in line for line in verdict.lines)
 
 
 def _restart() -> KillResult:
@@ -151,10 +159,9 @@ def _restart() -> KillResult:
 def test_restart_row_and_the_printed_lines():
     restart = restart_row(_restart())
     assert restart is not None and restart.fault_to_commit_s == pytest.approx(21.5)
-    assert restart.steps_redone == 1 and restart.step_ms == 150.0  # steps 5 (after ckpt 4)
-    result = _result(_restart())
-    live, figs = live_row(result)
-    out = lines(result, live, restart, figs, judge(result))
+    # steps 5 (after ckpt 4) redone; the uninterrupted run's steps end 1 s apart
+    assert restart.steps_redone == 1 and restart.step_ms == pytest.approx(1000.0)
+    out = lines(analyse(_result(_restart())))
     assert out[-1] == (
         "live recovery: 0.45 s from the fault to the first committed step at world 3 (restart "
         "path: 21.5 s); rank 2 healed from rank 0 in 0.020 s; replicas identical after every "
@@ -163,4 +170,104 @@ def test_restart_row_and_the_printed_lines():
     table = "\n".join(out)
     assert "restart (kill --recover)" in table and "ours (live)" in table
     assert "lab: kill rank 2" in table and "quorum 2 formed: ranks 0, 1, 3" in table
+    assert "step ms without faults: the step period" in table  # the legend says how
+    rows = {line.split("  ")[0].strip(): line.split()[-1] for line in out if "(" in line[:26]}
+    assert rows["restart (kill --recover)"] == "1000.0" and rows["ours (live)"] == "250.0"
     assert restart_row(None) is None
+
+
+def test_the_step_period_is_the_median_gap_between_consecutive_step_ends():
+    ends = [(1, 10.0), (2, 10.3), (2, 10.35), (3, 10.6), (5, 11.5), (6, 11.7)]
+    # per step its last end: 10.0, 10.35, 10.6, (4 missing), 11.5, 11.7: gaps 350, 250, 200
+    assert step_period_ms(ends) == pytest.approx(250.0)
+    assert step_period_ms(ends, before=10.2) is None  # step 1 alone: no gap
+    assert step_period_ms(ends, before=10.5) == pytest.approx(350.0)  # steps 1 and 2
+    assert step_period_ms(ends, before=10.7) == pytest.approx(300.0)
+    assert step_period_ms([]) is None
+
+
+def test_a_rejoin_that_did_not_happen_fails_and_says_so():
+    started = judge(_result(heal=False))
+    assert not started.ok
+    assert started.lines[-1].startswith(
+        "--rejoin asked for a replacement, and it did not happen: the replacement did not heal "
+        "from a peer (it started 2.0 s after the fault; if the run ended first, raise --steps)"
+    )
+    result = _result(heal=False)
+    result.moments = result.moments[:1]  # no replacement was started at all
+    assert judge(result).lines[-1].endswith("no replacement was started")
+
+
+def _coordinator_loss(codes: dict[int, int], quorum_after: bool = False) -> LiveResult:
+    """The coordinator killed at T in step 5; every rank's records up to then, then (exit 5)
+    the failure record ddp writes when it notices, or (exit 0) the rest of the run."""
+    plan = LivePlan(rank=0, at_step=5, mode="kill", target="coordinator", compare=False)
+    logs = {}
+    for r, code in codes.items():
+        recs = [
+            QuorumRecord(r, 1, [0, 1, 2, 3], 4, r, T - 5, "all 4 ranks registered"),
+            *[CommitRecord(r, s, 1, 4, True, T - 1 + s * 0.2 + r / 1000) for s in (1, 2, 3, 4)],
+        ]
+        if code == 5:
+            recs.append(FailureRecord(r, "the live-recovery coordinator was lost (no successor)"))
+        else:
+            if quorum_after:
+                recs.append(QuorumRecord(r, 2, [0, 1, 2, 3], 4, r, T + 1.5, "successor"))
+            recs.append(RecoveryVerdictRecord(r, True, 40, 40, 0, 1, 40, "replicas identical"))
+        logs[r] = [RankLog(r, recs)]
+    ended = {"live": {r: T + 1.2 + r / 10 for r in codes}}
+    moments = [Moment(T, "lab: kill the coordinator", "fault")]
+    return LiveResult(
+        plan, "c1", Path("/nowhere"), moments, {"live": logs}, {"live": codes}, None, 0, None, ended
+    )
+
+
+def test_coordinator_loss_a_clean_stop_passes_and_says_how_fast():
+    verdict = judge(_coordinator_loss({r: 5 for r in range(4)}))
+    assert verdict.ok, verdict.lines
+    assert verdict.lines == [
+        "clean stop: every rank noticed the coordinator's loss and stopped with exit 5 within "
+        "1.50 s of the fault; no quorum formed after it; rank 0 said: the live-recovery "
+        "coordinator was lost (no successor)"
+    ]
+    out = lines(analyse(_coordinator_loss({r: 5 for r in range(4)})))
+    assert out[-1].startswith("coordinator lost in step 5: clean stop: every rank noticed")
+
+
+@pytest.mark.parametrize(
+    ("codes", "quorum_after", "ok", "says"),
+    [
+        ({r: 0 for r in range(4)}, False, False, "fault tolerance was lost and the run did not"),
+        ({r: 0 for r in range(4)}, True, True, "the job survived the coordinator's loss"),
+        ({0: 5, 1: 5, 2: 4, 3: 5}, False, False, "neither a clean stop (exit 5 on every rank)"),
+    ],
+)
+def test_coordinator_loss_judged_from_exits_and_records(codes, quorum_after, ok, says):
+    verdict = judge(_coordinator_loss(codes, quorum_after))
+    assert verdict.ok is ok and says in verdict.lines[0], verdict.lines
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ("--target coordinator --rank 1", "drop --rank and --host"),
+        ("--target coordinator --rejoin", "drop --rejoin"),
+        ("--target coordinator --compare restart", "drop --compare"),
+    ],
+)
+def test_coordinator_target_refusals(argv, message, capsys):
+    base = "kill --recovery live --mode kill --at-step 5"
+    assert message in cli_error([*base.split(), *argv.split()], capsys)
+
+
+def test_coordinator_target_plan():
+    top, _ = build_parser()
+    argv = "kill --recovery live --target coordinator --mode pause --at-step 5"
+    plan = kill.plan(top.parse_args(argv.split()))
+    assert (plan.target, plan.fault_node, plan.lost, plan.compare) == (
+        "coordinator",
+        4,
+        None,
+        False,
+    )
+    assert plan.describe().endswith("fault: pause the coordinator in step 5")

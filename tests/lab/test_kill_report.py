@@ -10,10 +10,10 @@ from ddp.flight.dumps import load_dumps
 from ddp.flight.recorder import FlightRecorder
 from ddp.program.records import FailureRecord
 from lab.engine.events import ExitEvent
-from lab.experiments.kill.analysis import build_report
-from lab.experiments.kill.plan import DEFAULT_TRAIN, KillPlan
-from lab.experiments.kill.result import Injection, PhaseOutcome
-from lab.experiments.kill.text import error_meaning, table, tidy_line
+from lab.experiments.kill.restart.analysis import build_report
+from lab.experiments.kill.restart.plan import DEFAULT_TRAIN, KillPlan
+from lab.experiments.kill.restart.result import Injection, PhaseOutcome
+from lab.experiments.kill.words import error_meaning, table, tidy_line
 
 _GLOO_CLOSED = (
     "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "

@@ -14,7 +14,7 @@ from lab.engine.client import LabError
 from lab.engine.image import requirements
 from lab.experiments import kill
 from lab.experiments.kill.live import options
-from lab.experiments.kill.live.analysis import judge, live_row, restart_row
+from lab.experiments.kill.live.analysis import analyse, judge, live_row
 from lab.experiments.kill.live.plan import LIVE_TRAIN, LivePlan
 from lab.experiments.kill.live.text import lines
 from lab.tools import image
@@ -128,10 +128,9 @@ def _torchft(differ: bool = False):
 
 def test_three_rows_restart_torchft_ours_and_the_last_line():
     result = dataclasses.replace(_result(_restart()), torchft=_torchft())
-    live, figs = live_row(result)
     torchft, _ = live_row(result.torchft)
     assert torchft.name == "torchft" and torchft.fault_to_commit_s == pytest.approx(0.9)
-    out = lines(result, live, restart_row(result.restart), figs, judge(result), torchft)
+    out = lines(analyse(result))
     table = [line for line in out if line.startswith(("restart (", "torchft", "ours ("))]
     assert [line.split()[0] for line in table] == ["restart", "torchft", "ours"]
     assert out[-1].startswith(

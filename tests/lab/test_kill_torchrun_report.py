@@ -8,10 +8,10 @@ from pathlib import Path
 from ddp.program.records import ConfigRecord, EndRecord, RankLog, StepRecord, VerdictRecord
 from lab.engine.events import ExitEvent, LineEvent, RecordEvent
 from lab.experiments.kill import report
-from lab.experiments.kill.torchrun_analysis import judge
-from lab.experiments.kill.torchrun_outputs import write_report
-from lab.experiments.kill.torchrun_plan import TorchrunKillPlan
-from lab.experiments.kill.torchrun_result import JobOutcome, TorchrunKillResult, WorkerKill
+from lab.experiments.kill.torchrun.analysis import TorchrunSummary, judge
+from lab.experiments.kill.torchrun.outputs import write_files
+from lab.experiments.kill.torchrun.plan import TorchrunKillPlan
+from lab.experiments.kill.torchrun.result import JobOutcome, TorchrunKillResult, WorkerKill
 
 SHA = "8c" * 32
 T = 1000.0  # the kill
@@ -134,7 +134,7 @@ def test_the_report_json_and_the_exit_code(tmp_path, capsys):
     assert "recovered: final parameters of all 4 ranks" in capsys.readouterr().out
     broken = _result(tmp_path, logs={"reference": _logs(), "fault": _logs("ab" * 32, 4)})
     assert report(broken) == 1
-    assert not json.loads(write_report(broken, judge(broken)).read_text())["ok"]
+    assert not json.loads(write_files(TorchrunSummary(broken, judge(broken)))[0].read_text())["ok"]
 
 
 def test_a_lost_host_is_judged_on_the_new_world_alone(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 from ddp.program.records import load_run
 from lab import cli
 from lab.experiments import latency
-from lab.experiments.latency import outputs, text
+from lab.experiments.latency import analysis, outputs, text
 from lab.experiments.latency.analysis import summarize
 from lab.experiments.latency.phases import (
     ACCUMULATE,
@@ -155,7 +155,8 @@ def _sweep(tmp_path: Path) -> SweepResult:
 
 def test_a_two_phase_report(tmp_path):
     result = _sweep(tmp_path)
-    out = outputs.write_outputs(result)
+    out = analysis.analyse(result)
+    outputs.write_files(out)
     rows = {(r.phase, r.config): r for r in out.rows}
     acc = rows[("latency", "per-parameter, overlap on, accumulate 4")]
     assert (acc.samples, acc.calls) == (4 * PHASE_BATCH, 82)
@@ -166,7 +167,7 @@ def test_a_two_phase_report(tmp_path):
     h = out.headlines[0]
     assert h.bucketing_speedup == pytest.approx(1000 / 150)  # latency-bound phase, overlap on
     assert h.overlap_gain == pytest.approx(1050 / 750)  # bandwidth-bound phase, cap 0.15
-    closing = text.closing(result, out)
+    closing = text.closing(out)
     table = "\n".join(closing.table)
     assert re.search(
         r"^latency-bound phase \(5 ms one-way, no rate cap, model tower, global "
@@ -181,7 +182,7 @@ def test_a_two_phase_report(tmp_path):
         re.M,
     )
     assert "per bucket, round 1 at 5 ms (the Gantt chart's pair):" in table
-    assert [(t.config, t.overlap) for t in out.timings] == [
+    assert [(t.config, t.overlap) for t in out.gantt.timings] == [
         ("cap 0.15 MB, overlap on", True),
         ("cap 0.15 MB, overlap off", False),
     ]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lab.experiments import latency
-from lab.report.guard import report_failure
+from lab.report.failed import report_failure
 from tests.browser import SKIP_REASON, check_page, chromium
 from tests.lab.test_report_lab import _broken_run, sweep
 

@@ -12,13 +12,12 @@ import pytest
 
 from ddp.program.records import ConfigRecord, FailureRecord, RecordLog, StepRecord, load_run
 from lab.experiments import latency
-from lab.experiments.latency.analysis import summarize
-from lab.experiments.latency.outputs import write_outputs
+from lab.experiments.latency.analysis import analyse, summarize
+from lab.experiments.latency.outputs import write_files
+from lab.experiments.latency.page import page as latency_page
 from lab.experiments.latency.plan import TRAIN_DEFAULTS, LatencyPlan
 from lab.experiments.latency.result import ConfigRun, LinkReport, SweepResult
-from lab.report.failed import failure_report, key_figure
-from lab.report.guard import report_failure
-from lab.report.latency import latency_results
+from lab.report.failed import failure_report, key_figure, report_failure
 from lab.report.publish import publish
 from lab.report.summary import read_summary
 from tests.lab.latency_logs import write_logs
@@ -136,9 +135,10 @@ def test_the_failure_page_of_a_sweep_whose_logs_give_no_figures(tmp_path, capsys
 
 def test_a_missing_png_is_said_so_not_a_broken_image(reported, tmp_path):
     result, _ = reported
-    out = write_outputs(result)
+    summary = analyse(result)
+    write_files(summary)
     (result.run_dir / "gantt.png").unlink()
-    r = latency_results(result, out, "")
+    r = latency_page(summary)
     publish(result.run_dir, r.page, r.summary, r.files, r.jobs)
     page = (result.run_dir / "report.html").read_text()
     assert "figure gantt.png: not written" in page and page.count("<img") == 1

@@ -13,7 +13,7 @@ import pytest
 
 from ddp.program.records import ConfigRecord, EndRecord, RecordLog, StepRecord, load_run
 from lab.experiments import straggler
-from lab.experiments.straggler import analysis, outputs, text
+from lab.experiments.straggler import analysis, text
 from lab.experiments.straggler.plan import TRAIN_DEFAULTS, StragglerPlan
 from lab.experiments.straggler.result import JobRun, StragglerResult
 
@@ -123,7 +123,7 @@ def test_every_file_of_the_report(tmp_path, capsys):
         e["name"] for e in trace["traceEvents"]
     }
     assert (run_dir / "gantt.png").read_bytes()[:8] == PNG
-    summary = outputs.write_outputs(result).summary
+    summary = analysis.analyse(result).figures
     assert text.format_table(summary).count("\n") == 5
     assert text.headline_line(summary, 1, cpu=False).startswith(
         "straggler rank 1: its link slower, every rank's step 3.9x"

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from lab.experiments.reporting import report_sweep
-from lab.experiments.topology import analysis, outputs, text, wire
+from lab.experiments import topology
+from lab.experiments.topology import analysis, text, wire
 from lab.experiments.topology.plan import CONFIGURATIONS, TopologyPlan
 from lab.experiments.topology.result import ConfigRun, LinkInfo, TopologyResult
-from lab.experiments.topology.text import closing, headline_line
+from lab.experiments.topology.text import headline_line
 from tests.lab.latency_logs import write_logs
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -76,7 +76,7 @@ def test_counters_are_interpolated_and_cut_to_a_window():
 
 def test_rows_and_the_last_line(tmp_path):
     result = _result(tmp_path)
-    rows, jobs = outputs.combine_rounds(result)
+    rows, jobs = analysis.combine_rounds(result)
     assert [r.config for r in rows] == [c.name for c in CONFIGURATIONS]
     by = {r.config: r for r in rows}
     assert by["torch"].median_step_ms == 100.0 and by["torch"].speedup_vs_torch == 1.0
@@ -117,10 +117,11 @@ def test_rounds_pool_their_steps():
 
 def test_files_and_the_printed_report(tmp_path, capsys):
     result = _result(tmp_path)
-    assert report_sweep(result, outputs.write_outputs, closing) == 0
+    assert topology.report(result) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1].startswith("step time vs torch DDP (2 nodes x 2 ranks, 5 ms): hierarchical")
-    assert out[-2].startswith("took 42 s; wrote ") and "topology.png" in out[-2]
+    took = next(line for line in out if line.startswith("took 42 s; wrote "))
+    assert "topology.png" in took and out[-2].startswith("report: ")
     assert any(line.startswith("torch DDP (flat ring)") for line in out)
     assert any("measured on the link, every node's eth0" in line for line in out)
     run_dir = result.run_dir
@@ -138,7 +139,7 @@ def test_files_and_the_printed_report(tmp_path, capsys):
 
 
 def test_broken_parity_exits_1_and_says_where(tmp_path, capsys):
-    assert report_sweep(_result(tmp_path, parity=False), outputs.write_outputs, closing) == 1
+    assert topology.report(_result(tmp_path, parity=False)) == 1
     out = capsys.readouterr().out
     assert "parity BROKEN in: ours hierarchical-fp16" in out
 
@@ -146,12 +147,11 @@ def test_broken_parity_exits_1_and_says_where(tmp_path, capsys):
 def test_logs_without_samples_around_the_steps_exit_1(tmp_path, capsys):
     result = _result(tmp_path)
     result.runs[0].counters = {0: "1.0 0 0\n2.0 10 5\n", 1: "1.0 0 0\n2.0 10 5\n"}
-    assert report_sweep(result, outputs.write_outputs, closing) == 1
+    assert topology.report(result) == 1
     assert "not at 1004.000" in capsys.readouterr().err
 
 
 def test_the_report_writes_its_page_and_summary(tmp_path, capsys):
-    from lab.experiments import topology
     from lab.report.summary import read_summary
 
     result = _result(tmp_path)

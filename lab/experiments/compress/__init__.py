@@ -15,13 +15,14 @@ import textwrap
 
 from ddp.torchfree import COMPRESSION_HOOKS, POWERSGD_START_ITER, config_from_args
 from lab import args as common
-from lab.experiments.compress.outputs import write_outputs
+from lab.experiments.compress import page
+from lab.experiments.compress.analysis import analyse
+from lab.experiments.compress.outputs import write_files
 from lab.experiments.compress.plan import QUICK, TRAIN_DEFAULTS, CompressPlan
 from lab.experiments.compress.result import CompressResult
 from lab.experiments.compress.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.compress.text import closing
 from lab.experiments.reporting import report_sweep
-from lab.report.compress import compress_results
 from lab.shaping.registry import CHOICES
 
 NAME = "compress"
@@ -159,4 +160,6 @@ def plan(args: argparse.Namespace) -> CompressPlan:
 
 def report(result: CompressResult) -> int:
     """Exit 0 when every job kept its replicas identical, else 1."""
-    return report_sweep(result, write_outputs, closing, results=compress_results, name=NAME)
+    return report_sweep(
+        result, analyse, files=write_files, console=closing, page=page.page, name=NAME
+    )

@@ -1,6 +1,8 @@
 """``lab compress``'s figures from the rank logs (``ddp.torchfree.RankLog``): one row per rate and
-hook, each compared with ``none`` at the same rate, and the crossover of every hook. Pure:
-tested from synthetic logs.
+hook, each compared with ``none`` at the same rate, and the crossover of every hook;
+:func:`analyse` turns a run's result into the one :class:`CompressSummary` the files, the
+console text and the page are built from. Pure but for reading the collected logs: tested from
+synthetic logs.
 """
 
 from __future__ import annotations
@@ -12,15 +14,20 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ddp.torchfree import RankLog
+from ddp.torchfree import RankLog, load_run
+from lab.experiments import timeline
 from lab.experiments.compress.plan import BASELINE
+from lab.experiments.compress.result import CompressResult, HookRun
 from lab.experiments.compress.wire import job_payload_bytes, payload_bytes, ring_factor
 
 __all__ = [
     "DEFINITIONS",
+    "CompressSummary",
     "Crossover",
     "JobFigures",
     "Row",
+    "analyse",
+    "combine_rounds",
     "crossovers",
     "derive_rows",
     "job_figures",
@@ -247,3 +254,56 @@ def crossovers(rows: Sequence[Row]) -> list[Crossover]:
             )
         )
     return out
+
+
+def combine_rounds(result: CompressResult) -> list[Row]:
+    """One row per (rate, hook), lowest rate first: steps pooled over its rounds from the
+    collected logs."""
+    groups: dict[tuple[float, str], list[HookRun]] = {}
+    for run in sorted(result.runs, key=lambda run: run.rate_mbit):  # stable: hook order kept
+        groups.setdefault((run.rate_mbit, run.hook), []).append(run)
+    rows = []
+    for (rate, hook), group in groups.items():
+        jobs = [
+            job_figures(load_run(result.log_dir(run)), result.plan.warmup, str(result.log_dir(run)))
+            for run in group
+        ]
+        sent = [max(run.tx_bytes.values()) / 1e6 for run in group if run.tx_bytes]
+        parity = all(run.parity for run in group)
+        rows.append(make_row(rate, hook, jobs, sent, parity, result.plan.train.steps))
+    return derive_rows(rows)
+
+
+def _traced(result: CompressResult) -> list[timeline.StepTimeline]:
+    """Round 1 at the lowest rate: every hook's step closest to its median."""
+    lowest = min(result.plan.rates)
+    lines = []
+    for run in result.runs:
+        if run.rate_mbit != lowest or run.round != 1:
+            continue
+        logs, where = load_run(result.log_dir(run)), str(result.log_dir(run))
+        step = timeline.representative_step(logs, result.plan.warmup, where)
+        lines.append(timeline.load_step(logs, step, f"{lowest:g} Mbit/s, {run.hook}", where))
+    return lines
+
+
+@dataclass
+class CompressSummary:
+    """Everything ``lab compress`` reports about one run: the rows, every hook's crossover,
+    each hook's representative step at the lowest rate; and the result they came from."""
+
+    result: CompressResult
+    rows: list[Row]
+    crossovers: list[Crossover]
+    traced: list[timeline.StepTimeline]
+
+    @property
+    def broken(self) -> str:
+        broken = [f"{r.hook} at {r.rate_mbit:g} Mbit/s" for r in self.rows if not r.parity]
+        return f"replicas DIVERGED in: {'; '.join(broken)}" if broken else ""
+
+
+def analyse(result: CompressResult) -> CompressSummary:
+    """The run's summary from the collected logs; ValueError if they cannot give it."""
+    rows = combine_rounds(result)
+    return CompressSummary(result, rows, crossovers(rows), _traced(result))

@@ -1,19 +1,15 @@
-"""What ``lab compress`` prints: the table (one block per rate, with the probe's measured rate)
-and the crossover lines. Pure."""
+"""What ``lab compress`` prints, from the run's summary: the table (one block per rate, with the
+probe's measured rate) and the crossover lines. Pure."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from lab.experiments.compress.analysis import Crossover, Row
+from lab.experiments.compress.analysis import CompressSummary, Crossover, Row
 from lab.experiments.compress.plan import CompressPlan
-from lab.experiments.compress.result import CompressResult, LinkInfo
+from lab.experiments.compress.result import LinkInfo
 from lab.experiments.reporting import Closing
-
-if TYPE_CHECKING:
-    from lab.experiments.compress.outputs import Outputs
 
 __all__ = ["closing", "crossover_line", "crossover_lines", "format_table"]
 
@@ -88,10 +84,8 @@ def crossover_lines(cs: Sequence[Crossover]) -> list[str]:
     return ["crossover (speedup vs none, Mbit/s):", *(f"  {crossover_line(c)}" for c in cs)]
 
 
-def closing(result: CompressResult, out: Outputs) -> Closing:
-    """The report: the table and the crossover, then (after the 'took' line) what diverged."""
-    broken = [f"{r.hook} at {r.rate_mbit:g} Mbit/s" for r in out.rows if not r.parity]
-    return Closing(
-        [format_table(out.rows, result.plan, result.links), *crossover_lines(out.crossovers)],
-        f"replicas DIVERGED in: {'; '.join(broken)}" if broken else "",
-    )
+def closing(summary: CompressSummary) -> Closing:
+    """The table and the crossover, before the 'took' line and what diverged."""
+    result = summary.result
+    table = format_table(summary.rows, result.plan, result.links)
+    return Closing([table, *crossover_lines(summary.crossovers)])

@@ -1,31 +1,31 @@
-"""``python -m lab kill``: hit one rank of a run mid-step, report who noticed what, recover."""
+"""``python -m lab kill``: hit one rank of a run mid-step, report who noticed what, recover.
+
+Three paths, sibling packages of one shape (plan, run, analysis, then files, text and page from
+the analysis's summary): :mod:`.restart` (the survivors exit with a diagnosis; ``--recover``
+restarts every rank from a checkpoint), :mod:`.torchrun` (``--launcher torchrun``: the agent
+restarts the worker group) and :mod:`.live` (``--recovery live|torchft``: the survivors go on
+in a new quorum). This module parses the flags, fills in the chosen path's defaults where a
+flag was not given, and hands the plan to that path."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
+from typing import Any
 
-from ddp.torchfree import TrainConfig, add_train_arguments, config_from_args, flag_of
+from ddp.torchfree import TrainConfig, add_train_arguments, flag_of
 from lab import args as common
 from lab.engine.engines import current
-from lab.experiments.kill import live, torchrun_run
+from lab.experiments.kill import live, restart, torchrun
 from lab.experiments.kill.live import LivePlan, LiveResult, options
-from lab.experiments.kill.live.plan import LIVE_TRAIN
-from lab.experiments.kill.outputs import write_summary
-from lab.experiments.kill.plan import DEFAULT_TRAIN, RUN_TIMEOUT_HELP, KillPlan
-from lab.experiments.kill.result import KillResult
-from lab.experiments.kill.run import run as run_file  # before run(): see lab.experiments
-from lab.experiments.kill.summary import summarize
-from lab.experiments.kill.torchrun_analysis import judge
-from lab.experiments.kill.torchrun_outputs import write_report
-from lab.experiments.kill.torchrun_plan import TorchrunKillPlan
-from lab.experiments.kill.torchrun_result import TorchrunKillResult
+from lab.experiments.kill.live.plan import COORDINATOR_LOST, LIVE_TRAIN, TARGETS
+from lab.experiments.kill.restart import KillPlan, KillResult
+from lab.experiments.kill.restart.plan import DEFAULT_TRAIN, RUN_TIMEOUT_HELP
+from lab.experiments.kill.torchrun import TorchrunKillPlan, TorchrunKillResult
 from lab.experiments.up.plan import LAUNCHERS
 from lab.faults import FAULTS
 from lab.hostflags import add_host_target, host_rank
-from lab.report.kill import kill_results, torchrun_kill_results
-from lab.report.publish import publish
-from lab.report.results import Results
 
 __all__ = ["DESCRIPTION", "EPILOG", "HELP", "NAME", "add_arguments", "plan", "report", "run"]
 
@@ -69,10 +69,39 @@ Exit codes: 0 the diagnosis names the rank that was hit (and the recovery is bit
 identical; under torchrun: the workers were restarted, resumed from a checkpoint and ended
 bitwise identical), 1 otherwise or a phase failed, 2 bad arguments, 130 interrupted."""
 
+# The training each path runs where a flag was not given: the help says these, and the plans
+# start from them. The restart path's and torchrun's (the mini model, a 250 ms sleep per step
+# so the fault lands inside its step) differ from the live paths' (the tower model, whose
+# healing moves real bytes, and a 10 s collective timeout that the quorum outlives).
+TRAIN_DEFAULTS = {"restart": DEFAULT_TRAIN, "torchrun": DEFAULT_TRAIN, "live": LIVE_TRAIN}
+_LIVE_NOTE = "--recovery live or torchft"
+
 _TRAIN_FIELDS: list[str] = []
 # Of the "fault" group, what a user sets here; lab sets the checkpoint directory and --resume
-# per phase, and --collective-timeout comes from lab.args like in every command.
+# per phase.
 _FAULT_FIELDS = ("checkpoint_every", "step_delay_ms")
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def default_text(name: str) -> str:
+    """``(default 12; --recovery live or torchft: 40)``: the default of field ``name`` on each
+    path, from :data:`TRAIN_DEFAULTS`."""
+    ours, theirs = getattr(DEFAULT_TRAIN, name), getattr(LIVE_TRAIN, name)
+    if ours == theirs:
+        return f"(default {_shown(ours)})"
+    return f"(default {_shown(ours)}; {_LIVE_NOTE}: {_shown(theirs)})"
+
+
+def _per_path_help(p: argparse.ArgumentParser, names: list[str]) -> None:
+    """Every training flag's help says each path's default (the flags are left unset, so
+    "not given" is told apart from a value equal to one path's default)."""
+    for action in p._actions:
+        if action.dest in names and action.help:
+            action.help = re.sub(r" \(default [^)]*\)$", "", action.help)
+            action.help += " " + default_text(action.dest)
 
 
 def _add_fields(p: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
@@ -80,15 +109,20 @@ def _add_fields(p: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     group = p.add_argument_group("faults and recovery")
     for name in names:
-        f, default = fields[name], getattr(DEFAULT_TRAIN, name)
+        f = fields[name]
         group.add_argument(
             flag_of(name),
             dest=name,
             type=type(f.default),
-            default=default,
+            default=argparse.SUPPRESS,
             metavar=f.metadata.get("metavar"),
-            help=f"{f.metadata['help']} (default {default:g})",
+            help=f"{f.metadata['help']} {default_text(name)}",
         )
+
+
+def _given(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
+    """The training fields given on the command line (the others are not in ``args``)."""
+    return {n: getattr(args, n) for n in names if hasattr(args, n)}
 
 
 def _renamed(text: str) -> None:
@@ -113,6 +147,14 @@ def _add_live_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="--recovery live: start a replacement for the lost rank once the "
         "survivors committed a step without it; it heals from a peer",
+    )
+    g.add_argument(
+        "--target",
+        choices=TARGETS,
+        default=None,
+        help="--recovery live: what the fault hits: rank (the --rank given), or coordinator "
+        "(the coordinator's container: every rank must notice; ddp stops them with exit "
+        f"{COORDINATOR_LOST}, or a successor takes over) (default rank)",
     )
     g.add_argument(
         "--heartbeat-timeout",
@@ -184,9 +226,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=common.number(0, kind=int),
         help="--launcher torchrun: restarts of the worker group torchrun allows (default 1)",
     )
-    _TRAIN_FIELDS[:] = add_train_arguments(p, ("train",), defaults=DEFAULT_TRAIN)
+    _TRAIN_FIELDS[:] = add_train_arguments(p, ("train",), defaults=DEFAULT_TRAIN, keep_unset=True)
     _add_fields(p, _FAULT_FIELDS)
-    common.add_collective_timeout(p, DEFAULT_TRAIN.collective_timeout_s)
+    common.add_collective_timeout(p, DEFAULT_TRAIN.collective_timeout_s, keep_unset=True)
+    _per_path_help(p, [*_TRAIN_FIELDS, "collective_timeout_s"])
     common.add_run_timeout(
         p,
         None,
@@ -203,15 +246,22 @@ def _live_plan(args: argparse.Namespace) -> LivePlan:
             "--recovery live runs its own ranks and compares with --recover's "
             "path itself: drop --launcher torchrun and --recover"
         )
-    # what was given (differs from the restart path's defaults) replaces the live defaults
-    names = [*_TRAIN_FIELDS, "collective_timeout_s"]
-    given = {f: getattr(args, f) for f in names if getattr(args, f) != getattr(DEFAULT_TRAIN, f)}
-    train = LIVE_TRAIN.replace(**given, recovery=args.recovery)
+    names = [*_TRAIN_FIELDS, *_FAULT_FIELDS, "collective_timeout_s"]
+    train = TRAIN_DEFAULTS["live"].replace(**_given(args, names), recovery=args.recovery)
     if args.heartbeat_timeout is not None:
         train = train.replace(heartbeat_timeout_s=args.heartbeat_timeout)
     restart, torchft = options.compared(args)
+    target = args.target or "rank"
+    if target == "coordinator":
+        if args.rank is not None or args.host is not None:
+            raise ValueError("--target coordinator hits the coordinator: drop --rank and --host")
+        rank = 0  # whose commit of the step before times the fault
+        restart = restart and args.compare is not None  # nothing to compare with by default
+    else:
+        rank = host_rank(args.host, args.mode, args.nodes) if args.rank is None else args.rank
     live = LivePlan(
-        rank=host_rank(args.host, args.mode, args.nodes) if args.rank is None else args.rank,
+        rank=rank,
+        target=target,
         at_step=args.at_step,
         mode=args.mode,
         train=train,
@@ -244,7 +294,9 @@ def plan(args: argparse.Namespace) -> KillPlan | TorchrunKillPlan | LivePlan:
     if args.recovery in ("live", "torchft"):
         return _live_plan(args)
     live_only = [
-        f for f in ("rejoin", "heartbeat_timeout", "no_compare", "compare") if getattr(args, f)
+        f
+        for f in ("rejoin", "heartbeat_timeout", "no_compare", "compare", "target")
+        if getattr(args, f)
     ]
     if live_only:
         flag = "--" + live_only[0].replace("_", "-")
@@ -254,7 +306,9 @@ def plan(args: argparse.Namespace) -> KillPlan | TorchrunKillPlan | LivePlan:
         rank=host_rank(args.host, args.mode, args.nodes) if args.rank is None else args.rank,
         at_step=args.at_step,
         mode=args.mode,
-        train=config_from_args(args, names, DEFAULT_TRAIN),
+        train=TRAIN_DEFAULTS[args.launcher if args.launcher == "torchrun" else "restart"].replace(
+            **_given(args, names)
+        ),
         nodes=args.nodes,
         recover=args.recover,
         run_timeout_s=args.run_timeout,
@@ -280,32 +334,22 @@ def plan(args: argparse.Namespace) -> KillPlan | TorchrunKillPlan | LivePlan:
     return KillPlan(**shared)
 
 
+# Each path's package runs its plan and reports its result.
+_PATHS: dict[type, Any] = {
+    KillPlan: restart,
+    TorchrunKillPlan: torchrun,
+    LivePlan: live,
+    KillResult: restart,
+    TorchrunKillResult: torchrun,
+    LiveResult: live,
+}
+
+
 def run(
     plan: KillPlan | TorchrunKillPlan | LivePlan,
 ) -> KillResult | TorchrunKillResult | LiveResult:
-    if isinstance(plan, LivePlan):
-        return live.run(plan)
-    if isinstance(plan, TorchrunKillPlan):
-        return torchrun_run.run_torchrun_kill(plan)
-    return run_file(plan)
-
-
-def _publish(result: KillResult | TorchrunKillResult, made: Results) -> None:
-    for line in publish(result.run_dir, made.page, made.summary, made.files, made.jobs):
-        print(line)
+    return _PATHS[type(plan)].run(plan)
 
 
 def report(result: KillResult | TorchrunKillResult | LiveResult) -> int:
-    if isinstance(result, LiveResult):
-        return live.report(result)
-    if isinstance(result.plan, TorchrunKillPlan):
-        verdict = judge(result)
-        write_report(result, verdict)
-        _publish(result, torchrun_kill_results(result, verdict))
-        print("\n".join(verdict.lines()))
-        return 0 if verdict.ok else 1
-    summary = summarize(result)
-    write_summary(result, summary)
-    _publish(result, kill_results(result, summary))
-    print("\n".join(summary.lines(result.plan.at_step)))
-    return 0 if summary.ok else 1
+    return _PATHS[type(result)].report(result)

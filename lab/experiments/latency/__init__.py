@@ -16,7 +16,9 @@ import textwrap
 
 from ddp.torchfree import TrainConfig, config_from_args, flag_of
 from lab import args as common
-from lab.experiments.latency.outputs import write_outputs
+from lab.experiments.latency import page
+from lab.experiments.latency.analysis import DEFINITIONS, analyse
+from lab.experiments.latency.outputs import write_files
 from lab.experiments.latency.phases import WORKLOAD
 from lab.experiments.latency.plan import (
     DEFAULT_CAPS,
@@ -28,9 +30,8 @@ from lab.experiments.latency.plan import (
 )
 from lab.experiments.latency.result import SweepResult
 from lab.experiments.latency.run import run as run  # the package's run(): see lab.experiments
-from lab.experiments.latency.text import DEFINITIONS, closing
+from lab.experiments.latency.text import closing
 from lab.experiments.reporting import report_sweep
-from lab.report.latency import latency_results
 from lab.shaping.registry import CHOICES
 
 NAME = "latency"
@@ -231,5 +232,11 @@ def plan(args: argparse.Namespace) -> LatencyPlan:
 def report(result: SweepResult) -> int:
     """Exit 0 when parity held in every allreduce configuration, else 1."""
     return report_sweep(
-        result, write_outputs, closing, took="sweep took", results=latency_results, name=NAME
+        result,
+        analyse,
+        files=write_files,
+        console=closing,
+        page=page.page,
+        name=NAME,
+        took="sweep took",
     )

@@ -7,11 +7,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lab.experiments.latency.analysis import ConfigStats
 from lab.experiments.latency.plan import Configuration, LatencyPlan, Phase
 from lab.experiments.reporting import SweepResult as _Sweep
 
-__all__ = ["ConfigRun", "LinkReport", "SweepResult"]
+__all__ = ["ConfigRun", "ConfigStats", "LinkReport", "SweepResult"]
+
+
+@dataclass(frozen=True)
+class ConfigStats:
+    """What one configuration's logs say, before comparing it with the others."""
+
+    calls: int  # allreduce calls per measured step (the plan is rebuilt after step 1)
+    median_step_ms: float
+    median_comm_ms: float  # slowest rank's wait for allreduces after backward, median
+    steps_measured: int
+    auto_caps: tuple[float, ...] = ()  # bucket_cap_mb="auto": the cap chosen, per run
 
 
 @dataclass

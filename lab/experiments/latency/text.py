@@ -1,67 +1,35 @@
-"""What ``lab latency`` prints: the progress line of a finished configuration, the table (a
-block per delay and phase, a phase's block led by what it shows and why), the per-bucket
-timings, the per-cap overlap line, the auto cap's and accumulation's lines (:mod:`.findings`)
-and the headline; and the definitions of every figure (also written to ``latency.json`` and
-shown in ``--help``). Pure."""
+"""What ``lab latency`` prints: the progress line of a finished configuration, and from the
+sweep's summary the table (a block per delay and phase, a phase's block led by what it shows
+and why), the per-bucket timings, the per-cap overlap line, the auto cap's and accumulation's
+lines and the headline. Pure.
+
+The auto cap (``bucket_cap_mb="auto"``) is chosen by the wrapper at the bucket rebuild, from a
+timing of the link and of the last backward, so it may differ from round to round: every
+round's choice is shown. Accumulating K micro-batches per optimizer step sends the same
+allreduces once per K x batch samples: the communication wait per sample should fall about
+K-fold while parity still holds against one process on the whole K x batch.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
 
-from lab.experiments.latency.analysis import Row, phase_groups
+from lab.experiments.latency.analysis import Headline, LatencySummary, Row, phase_groups
 from lab.experiments.latency.bucket_stats import format_timing
-from lab.experiments.latency.findings import accumulation_line, auto_cap_lines
-from lab.experiments.latency.result import ConfigRun, SweepResult
+from lab.experiments.latency.result import ConfigRun
 from lab.experiments.reporting import Closing
-
-if TYPE_CHECKING:
-    from lab.experiments.latency.outputs import Outputs
+from lab.words import count
 
 __all__ = [
-    "DEFINITIONS",
-    "Headline",
+    "accumulation_line",
+    "auto_cap_lines",
     "closing",
     "describe",
     "format_table",
-    "headline",
     "headline_line",
     "overlap_by_cap_line",
 ]
-
-DEFINITIONS = {
-    "median step time": (
-        "for every measured step (warm-up steps excluded: they include gloo's connection "
-        "set-up) the slowest rank's step_ms, since the job waits for it; then the median "
-        "over steps"
-    ),
-    "exposed communication": (
-        "median step time minus that of the no-sync floor at the same link delay (same steps, "
-        "same data, no communication): what communication adds to a step after any overlap"
-    ),
-    "speedup vs per-parameter": (
-        "the per-parameter (cap 0) median step time per sample with the same overlap setting "
-        "(in the same phase) divided by this configuration's"
-    ),
-    "comm ms/sample": (
-        "the median communication wait (the slowest rank's wait for allreduces after "
-        "backward) per sample of the optimizer step: accumulating K micro-batches "
-        "divides it by about K"
-    ),
-    "bucketing speedup": (
-        "the faster per-parameter configuration (overlap on or off) divided by the fastest "
-        "bucketed one (any fixed cap > 0, overlap on or off), in the first phase that ran both "
-        "(the default's latency-bound phase, where both have overlap on)"
-    ),
-    "overlap gain": (
-        "the fastest configuration with overlap off divided by the fastest with overlap on, "
-        "each over every fixed cap (per-parameter included), in the first phase that ran both "
-        "(the default's bandwidth-bound phase): what overlap buys once the cap is tuned for "
-        "each setting"
-    ),
-}
 
 
 def describe(run: ConfigRun, done: int, total: int) -> str:
@@ -73,44 +41,6 @@ def describe(run: ConfigRun, done: int, total: int) -> str:
         f"{run.stats.calls:>3} allreduce/step  median step {run.stats.median_step_ms:8.1f} ms"
         f"{parity}  ({run.seconds:.0f} s)"
     )
-
-
-@dataclass(frozen=True)
-class Headline:
-    ms: float
-    bucketing_speedup: float
-    per_parameter: str  # the configurations each ratio compares
-    best_bucketed: str
-    overlap_gain: float
-    best_no_overlap: str
-    best_overlap: str
-
-
-def _fastest(rows: list[Row]) -> Row | None:
-    return min(rows, key=lambda r: r.median_step_ms, default=None)
-
-
-def _ratio_in(
-    groups: list[list[Row]], slow: Callable[[Row], bool], fast: Callable[[Row], bool]
-) -> tuple[float, str, str]:
-    """Fastest of ``slow``'s rows over fastest of ``fast``'s, in the first group with both."""
-    for rows in groups:
-        a, b = _fastest([r for r in rows if slow(r)]), _fastest([r for r in rows if fast(r)])
-        if a and b:
-            return a.median_step_ms / b.median_step_ms, a.config, b.config
-    return math.nan, "-", "-"
-
-
-def headline(rows: list[Row], ms: float) -> Headline:
-    """The two ratios of the closing line at latency ``ms`` (NaN where a side was not run),
-    each within one phase, over fixed caps without accumulation."""
-    groups = [
-        [r for r in g if not r.is_floor and not r.is_auto and r.accumulate == 1]
-        for g in phase_groups(rows, ms)
-    ]
-    bucketing = _ratio_in(groups, lambda r: r.cap_mb == 0, lambda r: r.is_bucketed)
-    overlap = _ratio_in(groups, lambda r: r.overlap is False, lambda r: r.overlap is True)
-    return Headline(ms, *bucketing, *overlap)
 
 
 def overlap_by_cap_line(rows: list[Row], ms: float) -> str:
@@ -127,6 +57,65 @@ def overlap_by_cap_line(rows: list[Row], ms: float) -> str:
                 what = "per-parameter" if cap == 0 else f"{cap:g} MB"
                 parts.append(f"{what} {off[0].median_step_ms / on[0].median_step_ms:.2f}x")
     return f"overlap gain per cap at {ms:g} ms: {', '.join(parts) or '-'}"
+
+
+def _fastest_fixed(rows: Sequence[Row], overlap: bool | None) -> Row | None:
+    fixed = [r for r in rows if r.is_bucketed or r.cap_mb == 0]
+    fixed = [r for r in fixed if r.accumulate == 1 and r.overlap is overlap]
+    return min(fixed, key=lambda r: r.median_step_ms, default=None)
+
+
+def _caps(caps: Sequence[float]) -> str:
+    return ", ".join(f"{cap:g} MB (round {i})" for i, cap in enumerate(caps, 1)) or "nothing"
+
+
+def auto_cap_lines(rows: Sequence[Row], ms: float) -> list[str]:
+    """Per phase with an auto cap row at ``ms``: the cap chosen in every round, its
+    allreduces per step, and its step time against the fastest fixed cap's (same overlap)."""
+    lines = []
+    for group in phase_groups(rows, ms):
+        for auto in (r for r in group if r.is_auto):
+            where = f", {auto.phase}-bound phase" if auto.phase else ""
+            best = _fastest_fixed(group, auto.overlap)
+            versus = "no fixed cap ran beside it"
+            if best is not None:
+                versus = (
+                    f"step {auto.median_step_ms / best.median_step_ms:.2f}x the fastest fixed "
+                    f"cap's ({best.config}: {best.median_step_ms:.1f} ms)"
+                )
+            lines.append(
+                f"auto cap at {ms:g} ms{where}: chose {_caps(auto.auto_caps)}, "
+                f"{count(auto.calls, 'allreduce')}/step, median step "
+                f"{auto.median_step_ms:.1f} ms, {versus}"
+            )
+    return lines
+
+
+def accumulation_line(rows: Sequence[Row], ms: float) -> str:
+    """Communication per sample with K micro-batches per step against the same configuration
+    without accumulation, at ``ms`` ('' when no accumulation row ran beside its base)."""
+    for group in phase_groups(rows, ms):
+        for acc in (r for r in group if r.accumulate > 1 and not r.is_floor):
+            base = next(
+                (
+                    r
+                    for r in group
+                    if r.accumulate == 1 and (r.cap_mb, r.overlap) == (acc.cap_mb, acc.overlap)
+                ),
+                None,
+            )
+            if base is None or not (base.samples and acc.samples and acc.median_comm_ms > 0):
+                continue
+            drop = base.comm_ms_per_sample / acc.comm_ms_per_sample
+            calls = (base.calls / base.samples) / (acc.calls / acc.samples)
+            return (
+                f"accumulation at {ms:g} ms: communication per sample {drop:.1f}x lower with "
+                f"accumulate {acc.accumulate} ({base.config}: {base.calls} allreduces per "
+                f"{base.samples} -> {acc.samples} samples, {calls:.1f}x fewer per sample; comm "
+                f"wait {base.median_comm_ms:.1f} -> {acc.median_comm_ms:.1f} ms per step, "
+                f"{base.comm_ms_per_sample:.2f} -> {acc.comm_ms_per_sample:.2f} ms per sample)"
+            )
+    return ""
 
 
 def headline_line(h: Headline) -> str:
@@ -193,23 +182,18 @@ def format_table(
     return "\n".join(lines)
 
 
-def closing(result: SweepResult, out: Outputs) -> Closing:
-    """The report: the table and the Gantt pair's bucket timings, then (after the 'took' line)
-    what broke, overlap per cap, the auto cap's choice, accumulation's drop and the headline
-    of every delay (the last line)."""
-    plan = result.plan
+def closing(summary: LatencySummary) -> Closing:
+    """The table and the Gantt pair's bucket timings, then (after the 'took' line and what
+    broke) overlap per cap, the auto cap's choice, accumulation's drop and the headline of
+    every delay (the last line)."""
+    plan, rows, gantt = summary.result.plan, summary.rows, summary.gantt
     intros = {(p.ms, p.key): p.intro for p in plan.phases() if p.key}
-    table = [format_table(out.rows, plan.rate_mbit, plan.train.backward_delay_ms, intros)]
-    if out.timings:
-        table.append(f"per bucket, round 1 at {out.timeline_ms:g} ms (the Gantt chart's pair):")
-        table += [format_timing(timing) for timing in out.timings]
-    broken = [r.config for r in out.rows if r.parity is False]
+    table = [format_table(rows, plan.rate_mbit, plan.train.backward_delay_ms, intros)]
+    if gantt.timings:
+        table.append(f"per bucket, round 1 at {gantt.ms:g} ms (the Gantt chart's pair):")
+        table += [format_timing(timing) for timing in gantt.timings]
     after = []
-    for h in out.headlines:
-        after += [overlap_by_cap_line(out.rows, h.ms), *auto_cap_lines(out.rows, h.ms)]
-        after += [line for line in [accumulation_line(out.rows, h.ms)] if line]
-    return Closing(
-        table,
-        f"parity BROKEN in: {'; '.join(broken)}" if broken else "",
-        after + [headline_line(h) for h in out.headlines],
-    )
+    for h in summary.headlines:
+        after += [overlap_by_cap_line(rows, h.ms), *auto_cap_lines(rows, h.ms)]
+        after += [line for line in [accumulation_line(rows, h.ms)] if line]
+    return Closing(table, after + [headline_line(h) for h in summary.headlines])

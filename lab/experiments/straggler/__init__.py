@@ -16,13 +16,13 @@ import textwrap
 from ddp.torchfree import config_from_args
 from lab import args as common
 from lab.experiments.reporting import report_sweep
-from lab.experiments.straggler.analysis import DEFINITIONS
-from lab.experiments.straggler.outputs import write_outputs
+from lab.experiments.straggler import page
+from lab.experiments.straggler.analysis import DEFINITIONS, analyse
+from lab.experiments.straggler.outputs import write_files
 from lab.experiments.straggler.plan import QUICK_STEPS, TRAIN_DEFAULTS, StragglerPlan
 from lab.experiments.straggler.result import StragglerResult
 from lab.experiments.straggler.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.straggler.text import closing
-from lab.report.straggler import straggler_results
 from lab.shaping.registry import CHOICES
 
 NAME = "straggler"
@@ -136,4 +136,6 @@ def plan(args: argparse.Namespace) -> StragglerPlan:
 
 def report(result: StragglerResult) -> int:
     """Exit 0 when both jobs finished with parity, else 1."""
-    return report_sweep(result, write_outputs, closing, results=straggler_results, name=NAME)
+    return report_sweep(
+        result, analyse, files=write_files, console=closing, page=page.page, name=NAME
+    )

@@ -1,4 +1,6 @@
-"""Per rank compute vs waiting, from the step records of the baseline and the slowed job. Pure.
+"""Per rank compute vs waiting, from the step records of the baseline and the slowed job;
+:func:`analyse` turns a run's result into the one :class:`StragglerSummary` the files, the
+console text and the page are built from. Pure but for reading the collected logs.
 
 A step record's ``step_ms`` is the rank's whole step (forward, backward, optimizer) and
 ``comm_ms`` the time it then waited for the gradient allreduces to finish. The allreduce
@@ -14,9 +16,21 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ddp.torchfree import RankLog, StepRecord
+from ddp.torchfree import RankLog, StepRecord, load_run
+from lab.experiments import timeline
+from lab.experiments.straggler.plan import BASELINE_JOB, SLOWED_JOB
+from lab.experiments.straggler.result import StragglerResult
 
-__all__ = ["DEFINITIONS", "JobStats", "RankRow", "Summary", "job_stats", "summarize"]
+__all__ = [
+    "DEFINITIONS",
+    "Figures",
+    "JobStats",
+    "RankRow",
+    "StragglerSummary",
+    "analyse",
+    "job_stats",
+    "summarize",
+]
 
 DEFINITIONS = {
     "compute": "step_ms - comm_ms: forward, backward and optimizer step, median over steps",
@@ -97,7 +111,9 @@ class RankRow:
 
 
 @dataclass(frozen=True)
-class Summary:
+class Figures:
+    """The per-rank table and the headline's figures."""
+
     rows: list[RankRow]
     job_step_ms: float
     baseline_job_step_ms: float
@@ -109,7 +125,7 @@ class Summary:
         return self.job_step_ms / self.baseline_job_step_ms
 
 
-def summarize(baseline: JobStats, slowed: JobStats, straggler: int) -> Summary:
+def summarize(baseline: JobStats, slowed: JobStats, straggler: int) -> Figures:
     """The table rows and headline figures; ValueError if the jobs' ranks differ."""
     if set(baseline.step_ms) != set(slowed.step_ms):
         raise ValueError(
@@ -129,10 +145,42 @@ def summarize(baseline: JobStats, slowed: JobStats, straggler: int) -> Summary:
         for k in sorted(slowed.step_ms)
     ]
     others = [r.waiting_ms for r in rows if not r.straggler]
-    return Summary(
+    return Figures(
         rows,
         slowed.job_step_ms,
         baseline.job_step_ms,
         slowed.compute_ms[straggler] / baseline.compute_ms[straggler],
         statistics.fmean(others) if others else 0.0,
     )
+
+
+@dataclass
+class StragglerSummary:
+    """Everything ``lab straggler`` reports about one run: the figures, and one representative
+    step of each job (unslowed first) for the trace and the Gantt chart; and the result."""
+
+    result: StragglerResult
+    figures: Figures
+    steps: dict[str, int]  # job -> the step shown
+    traced: list[timeline.StepTimeline]
+
+    @property
+    def broken(self) -> str:
+        broken = [n for n, j in self.result.jobs.items() if not j.parity]
+        return f"parity BROKEN in: {', '.join(broken)}" if broken else ""
+
+
+def analyse(result: StragglerResult) -> StragglerSummary:
+    """The run's summary from the collected logs; ValueError (LogError included) if they
+    cannot give it."""
+    plan = result.plan
+    logs = {job: load_run(result.log_dir(job)) for job in (BASELINE_JOB, SLOWED_JOB)}
+    stats = {job: job_stats(lg, plan.warmup, str(result.log_dir(job))) for job, lg in logs.items()}
+    figures = summarize(stats[BASELINE_JOB], stats[SLOWED_JOB], plan.rank)
+    titles = {BASELINE_JOB: "unslowed baseline", SLOWED_JOB: plan.describe()}
+    steps, traced = {}, []
+    for job, lg in logs.items():
+        where = str(result.log_dir(job))
+        steps[job] = timeline.representative_step(lg, plan.warmup, where)
+        traced.append(timeline.load_step(lg, steps[job], titles[job], where))
+    return StragglerSummary(result, figures, steps, traced)

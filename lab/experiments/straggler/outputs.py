@@ -1,30 +1,19 @@
 """What ``lab straggler`` writes to ``runs/<run-id>/``: ``straggler.csv``, ``straggler.json``,
 ``trace.json`` (Chrome trace) and ``gantt.png`` (one representative step, unslowed above,
 slowed below: the fast ranks' yellow "allreduce wait" bar is the time they spend waiting for
-the straggler). Everything is read from the collected rank logs."""
+the straggler). From the run's summary."""
 
 from __future__ import annotations
 
 import csv
 import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
-from ddp.torchfree import load_run
 from lab.experiments import timeline
-from lab.experiments.straggler.analysis import DEFINITIONS, Summary, job_stats, summarize
-from lab.experiments.straggler.plan import BASELINE_JOB, SLOWED_JOB
-from lab.experiments.straggler.result import StragglerResult
+from lab.experiments.straggler.analysis import DEFINITIONS, RankRow, StragglerSummary
 
-__all__ = ["Outputs", "write_outputs"]
-
-
-@dataclass
-class Outputs:
-    summary: Summary
-    files: list[Path]
-
+__all__ = ["write_files"]
 
 _FIGURES = (
     "compute_ms",
@@ -36,7 +25,7 @@ _FIGURES = (
 )
 
 
-def _row(r) -> dict[str, object]:
+def _row(r: RankRow) -> dict[str, object]:
     return {
         "rank": r.rank,
         "straggler": r.straggler,
@@ -45,30 +34,22 @@ def _row(r) -> dict[str, object]:
     }
 
 
-def write_outputs(result: StragglerResult) -> Outputs:
-    """Every file, from the collected logs; ValueError (LogError included) if they cannot."""
+def write_files(s: StragglerSummary) -> list[Path]:
+    """Every file of the run; the paths written."""
+    result, summary = s.result, s.figures
     plan, run_dir = result.plan, result.run_dir
-    logs = {job: load_run(result.log_dir(job)) for job in (BASELINE_JOB, SLOWED_JOB)}
-    stats = {job: job_stats(lg, plan.warmup, str(result.log_dir(job))) for job, lg in logs.items()}
-    summary = summarize(stats[BASELINE_JOB], stats[SLOWED_JOB], plan.rank)
     files = [run_dir / "straggler.csv"]
     with open(files[0], "w", newline="") as f:
         rows = [_row(r) for r in summary.rows]
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    titles = {BASELINE_JOB: "unslowed baseline", SLOWED_JOB: plan.describe()}
-    lines, steps = [], {}
-    for job, lg in logs.items():
-        where = str(result.log_dir(job))
-        steps[job] = timeline.representative_step(lg, plan.warmup, where)
-        lines.append(timeline.load_step(lg, steps[job], titles[job], where))
     files.append(run_dir / "trace.json")
-    files[-1].write_text(json.dumps(timeline.chrome_trace(lines)))
+    files[-1].write_text(json.dumps(timeline.chrome_trace(s.traced)))
     files.append(run_dir / "gantt.png")
     timeline.write_gantt(
         files[-1],
-        lines,
+        s.traced,
         suptitle=f"one step, {plan.nodes} ranks: yellow after backward = waiting for the slowest",
     )
     files.append(run_dir / "straggler.json")
@@ -93,10 +74,10 @@ def write_outputs(result: StragglerResult) -> Outputs:
         "straggler_compute_x": summary.straggler_compute_x,
         "others_waiting_ms": summary.others_waiting_ms,
         "links": result.link_lines,
-        "timeline_steps": steps,
+        "timeline_steps": s.steps,
         "jobs": {n: dataclasses.asdict(j) for n, j in result.jobs.items()},
         "seconds": round(result.seconds, 1),
         "files": [f.name for f in files],
     }
     files[-1].write_text(json.dumps(doc, indent=2) + "\n")
-    return Outputs(summary, files)
+    return files

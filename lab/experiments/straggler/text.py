@@ -1,21 +1,15 @@
-"""What ``lab straggler`` prints: the per-rank table beside the baseline, the closing line, and
-the report's lines around them. Pure."""
+"""What ``lab straggler`` prints, from the run's summary: the per-rank table beside the
+baseline, and the closing line. Pure."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from lab.experiments.reporting import Closing
-from lab.experiments.straggler.analysis import Summary
-from lab.experiments.straggler.result import StragglerResult
-
-if TYPE_CHECKING:
-    from lab.experiments.straggler.outputs import Outputs
+from lab.experiments.straggler.analysis import Figures, StragglerSummary
 
 __all__ = ["closing", "format_table", "headline_line"]
 
 
-def format_table(s: Summary) -> str:
+def format_table(s: Figures) -> str:
     """Per rank, slowed job beside the unslowed baseline (medians, ms)."""
     header = (
         f"{'rank':<12}{'compute ms':>12}{'waiting ms':>12}{'step ms':>10}"
@@ -35,7 +29,7 @@ def format_table(s: Summary) -> str:
     return "\n".join(lines)
 
 
-def headline_line(s: Summary, straggler: int, cpu: bool = True) -> str:
+def headline_line(s: Figures, straggler: int, cpu: bool = True) -> str:
     """The closing line. ``cpu``: the straggler was slowed by a CPU quota (its compute is what
     changed); else only by its link (what changed is everyone's waiting)."""
     what = f"its compute {s.straggler_compute_x:.1f}x slower" if cpu else "its link slower"
@@ -46,12 +40,10 @@ def headline_line(s: Summary, straggler: int, cpu: bool = True) -> str:
     )
 
 
-def closing(result: StragglerResult, out: Outputs) -> Closing:
-    """The report: the table, then (after the 'took' line) what broke and the headline."""
-    plan = result.plan
-    broken = [n for n, j in result.jobs.items() if not j.parity]
+def closing(summary: StragglerSummary) -> Closing:
+    """The table, then (after the 'took' line and what broke) the headline."""
+    plan, figures = summary.result.plan, summary.figures
     return Closing(
-        [f"{plan.describe()}; medians over the measured steps:", format_table(out.summary)],
-        f"parity BROKEN in: {', '.join(broken)}" if broken else "",
-        [headline_line(out.summary, plan.rank, cpu=plan.quota is not None)],
+        [f"{plan.describe()}; medians over the measured steps:", format_table(figures)],
+        [headline_line(figures, plan.rank, cpu=plan.quota is not None)],
     )

@@ -16,12 +16,13 @@ import textwrap
 from ddp.torchfree import config_from_args
 from lab import args as common
 from lab.experiments.reporting import report_sweep
-from lab.experiments.topology.outputs import write_outputs
+from lab.experiments.topology import page
+from lab.experiments.topology.analysis import analyse
+from lab.experiments.topology.outputs import write_files
 from lab.experiments.topology.plan import QUICK, TRAIN_DEFAULTS, TopologyPlan
 from lab.experiments.topology.result import TopologyResult
 from lab.experiments.topology.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.topology.text import closing
-from lab.report.topology import topology_results
 from lab.shaping.registry import CHOICES
 
 NAME = "topology"
@@ -158,4 +159,6 @@ def plan(args: argparse.Namespace) -> TopologyPlan:
 
 def report(result: TopologyResult) -> int:
     """Exit 0 when every job finished with parity holding, else 1."""
-    return report_sweep(result, write_outputs, closing, results=topology_results, name=NAME)
+    return report_sweep(
+        result, analyse, files=write_files, console=closing, page=page.page, name=NAME
+    )

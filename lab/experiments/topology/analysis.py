@@ -1,6 +1,8 @@
 """``lab topology``'s figures from the rank logs (``ddp.torchfree.RankLog``) and the sampled
-eth0 counters: one row per configuration, pooled over its rounds, compared with torch's DDP.
-Pure: tested from synthetic logs and samples.
+eth0 counters: one row per configuration, pooled over its rounds, compared with torch's DDP;
+:func:`analyse` turns a run's result into the one :class:`TopologySummary` the files, the
+console text and the page are built from. Pure but for reading the collected logs: tested from
+synthetic logs and samples.
 """
 
 from __future__ import annotations
@@ -11,12 +13,23 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ddp.torchfree import RankLog
+from ddp.torchfree import RankLog, load_run
 from lab.experiments.compress.analysis import job_figures
 from lab.experiments.topology.plan import BASELINE, Configuration
-from lab.experiments.topology.wire import Sample, Window, window_bytes
+from lab.experiments.topology.result import ConfigRun, TopologyResult
+from lab.experiments.topology.wire import Sample, Window, parse_samples, window_bytes
 
-__all__ = ["DEFINITIONS", "JobFigures", "Row", "derive_rows", "job", "make_row"]
+__all__ = [
+    "DEFINITIONS",
+    "JobFigures",
+    "Row",
+    "TopologySummary",
+    "analyse",
+    "combine_rounds",
+    "derive_rows",
+    "job",
+    "make_row",
+]
 
 Logs = Mapping[int, RankLog]
 
@@ -96,6 +109,11 @@ class Row:
     step_time_vs_torch: float = math.nan  # the headline's ratio: < 1 is faster
     auto_caps: tuple[float, ...] = ()  # the auto cap's choice, per round
 
+    @property
+    def title(self) -> str:
+        """How the table names it: torch's DDP, or ours."""
+        return f"{self.label} (flat ring)" if self.config == BASELINE.name else f"ours {self.label}"
+
 
 def make_row(conf: Configuration, jobs: Sequence[JobFigures], parity: bool) -> Row:
     windows = [j.window for j in jobs if j.window is not None]
@@ -129,3 +147,44 @@ def derive_rows(rows: list[Row]) -> list[Row]:
         )
         for r in rows
     ]
+
+
+def _job(result: TopologyResult, run: ConfigRun) -> JobFigures:
+    where = str(result.log_dir(run))
+    samples = {n: parse_samples(text, f"{where} node{n}") for n, text in run.counters.items()}
+    return job(load_run(result.log_dir(run)), samples, result.plan.warmup, where)
+
+
+def combine_rounds(result: TopologyResult) -> tuple[list[Row], dict[str, JobFigures]]:
+    """One row per configuration, in plan order, its steps pooled over its rounds; and every
+    job's figures by job name."""
+    jobs = {run.job: _job(result, run) for run in result.runs}
+    rows = []
+    for conf in result.plan.configurations:
+        runs = [run for run in result.runs if run.conf == conf.name]
+        if runs:
+            parity = all(run.parity for run in runs)
+            rows.append(make_row(conf, [jobs[run.job] for run in runs], parity))
+    return derive_rows(rows), jobs
+
+
+@dataclass
+class TopologySummary:
+    """Everything ``lab topology`` reports about one run: the rows, every job's figures (by
+    job name); and the result they came from."""
+
+    result: TopologyResult
+    rows: list[Row]
+    jobs: dict[str, JobFigures]
+
+    @property
+    def broken(self) -> str:
+        broken = [r.title for r in self.rows if not r.parity]
+        return f"parity BROKEN in: {'; '.join(broken)}" if broken else ""
+
+
+def analyse(result: TopologyResult) -> TopologySummary:
+    """The run's summary from the collected logs and samples; ValueError if they cannot give
+    it."""
+    rows, jobs = combine_rounds(result)
+    return TopologySummary(result, rows, jobs)

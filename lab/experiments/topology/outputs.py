@@ -1,8 +1,7 @@
 """The files of a ``lab topology`` run in ``runs/<run-id>/``: ``topology.txt`` (the table and
 the headline), ``topology.csv``, ``topology.json`` (definitions, settings, the link, rows, every
 job with its measured window), ``topology.png``, and per job ``<job>/eth0-node<N>.txt`` (the
-sampled counters every byte figure comes from). Everything is read from the collected rank logs
-(``ddp.torchfree.load_run``) and the samples."""
+sampled counters every byte figure comes from). From the run's summary."""
 
 from __future__ import annotations
 
@@ -10,43 +9,14 @@ import csv
 import dataclasses
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
-from ddp.torchfree import load_run
 from lab.experiments.topology import figures
-from lab.experiments.topology.analysis import (
-    DEFINITIONS,
-    JobFigures,
-    Row,
-    derive_rows,
-    job,
-    make_row,
-)
-from lab.experiments.topology.result import ConfigRun, TopologyResult
+from lab.experiments.topology.analysis import DEFINITIONS, JobFigures, Row, TopologySummary
+from lab.experiments.topology.result import ConfigRun
 from lab.experiments.topology.text import format_table, headline_line
-from lab.experiments.topology.wire import parse_samples
 
-__all__ = ["Outputs", "combine_rounds", "write_outputs"]
-
-
-def _job(result: TopologyResult, run: ConfigRun) -> JobFigures:
-    where = str(result.log_dir(run))
-    samples = {n: parse_samples(text, f"{where} node{n}") for n, text in run.counters.items()}
-    return job(load_run(result.log_dir(run)), samples, result.plan.warmup, where)
-
-
-def combine_rounds(result: TopologyResult) -> tuple[list[Row], dict[str, JobFigures]]:
-    """One row per configuration, in plan order, its steps pooled over its rounds; and every
-    job's figures by job name."""
-    jobs = {run.job: _job(result, run) for run in result.runs}
-    rows = []
-    for conf in result.plan.configurations:
-        runs = [run for run in result.runs if run.conf == conf.name]
-        if runs:
-            parity = all(run.parity for run in runs)
-            rows.append(make_row(conf, [jobs[run.job] for run in runs], parity))
-    return derive_rows(rows), jobs
+__all__ = ["write_files"]
 
 
 def _plain(value: object) -> object:
@@ -77,16 +47,10 @@ def _job_doc(run: ConfigRun, figures_: JobFigures) -> dict:
     }
 
 
-@dataclass
-class Outputs:
-    rows: list[Row]
-    files: list[Path]
-
-
-def write_outputs(result: TopologyResult) -> Outputs:
-    """Every file of the run; ValueError if the logs or samples cannot give them."""
+def write_files(summary: TopologySummary) -> list[Path]:
+    """Every file of the run; the paths written."""
+    result, rows, jobs = summary.result, summary.rows, summary.jobs
     plan, run_dir = result.plan, result.run_dir
-    rows, jobs = combine_rounds(result)
     files = [run_dir / f"topology.{ext}" for ext in ("txt", "csv", "png", "json")]
     table, headline = format_table(rows, plan, result.links), headline_line(rows, plan)
     files[0].write_text(f"{table}\n{headline}\n")
@@ -113,4 +77,4 @@ def write_outputs(result: TopologyResult) -> Outputs:
         "files": [f.name for f in files],
     }
     files[3].write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    return Outputs(rows, files)
+    return files

@@ -1,18 +1,15 @@
-"""What ``lab topology`` prints: the table and, last, the headline a script can read. Pure."""
+"""What ``lab topology`` prints, from the run's summary: the table and, last, the headline a
+script can read. Pure."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from lab.experiments.reporting import Closing
-from lab.experiments.topology.analysis import Row
-from lab.experiments.topology.plan import BASELINE, TopologyPlan
-from lab.experiments.topology.result import LinkInfo, TopologyResult
-
-if TYPE_CHECKING:
-    from lab.experiments.topology.outputs import Outputs
+from lab.experiments.topology.analysis import Row, TopologySummary
+from lab.experiments.topology.plan import TopologyPlan
+from lab.experiments.topology.result import LinkInfo
 
 __all__ = ["HEADLINE_ORDER", "auto_cap_line", "closing", "format_table", "headline_line"]
 
@@ -21,10 +18,6 @@ HEADLINE_ORDER = ("hierarchical", "hierarchical-fp16", "auto", "flat")  # Config
 
 def _num(value: float | None, fmt: str, suffix: str = "") -> str:
     return "-" if value is None or math.isnan(value) else format(value, fmt) + suffix
-
-
-def _title(r: Row) -> str:
-    return f"{r.label} (flat ring)" if r.config == BASELINE.name else f"ours {r.label}"
 
 
 def _link_text(links: Sequence[LinkInfo]) -> str:
@@ -50,7 +43,7 @@ def format_table(rows: Sequence[Row], plan: TopologyPlan, links: Sequence[LinkIn
     ]
     for r in rows:
         lines.append(
-            f"{_title(r):<29}{r.median_step_ms:>9.1f}"
+            f"{r.title:<29}{r.median_step_ms:>9.1f}"
             f"{'/'.join(f'{m:.0f}' for m in r.round_step_ms):>13}"
             f"{_num(r.cross_mb_per_step, '.2f'):>20}{_num(r.buckets, 'd'):>9}"
             f"{_num(r.speedup_vs_torch, '.2f', 'x'):>18}{_num(r.max_param_diff, '.1e'):>13}  "
@@ -87,17 +80,15 @@ def auto_cap_line(rows: Sequence[Row]) -> str:
     return (
         f"auto cap: chose {chose}; median step {auto.median_step_ms:.1f} ms, "
         f"{auto.median_step_ms / best.median_step_ms:.2f}x the fastest fixed cap's of "
-        f"{len(fixed)} ({_title(best)}: {best.median_step_ms:.1f} ms, its rounds "
+        f"{len(fixed)} ({best.title}: {best.median_step_ms:.1f} ms, its rounds "
         f"{'/'.join(f'{m:.0f}' for m in rounds)} ms: spread {_num(100 * spread, '.0f', '%')})"
     )
 
 
-def closing(result: TopologyResult, out: Outputs) -> Closing:
-    """The table, then (after the 'took' line) what broke and the headline, last."""
-    broken = [_title(r) for r in out.rows if not r.parity]
+def closing(summary: TopologySummary) -> Closing:
+    """The table, then (after the 'took' line and what broke) the headline, last."""
+    rows, plan = summary.rows, summary.result.plan
     return Closing(
-        [format_table(out.rows, result.plan, result.links)],
-        f"parity BROKEN in: {'; '.join(broken)}" if broken else "",
-        [line for line in [auto_cap_line(out.rows)] if line]
-        + [headline_line(out.rows, result.plan)],
+        [format_table(rows, plan, summary.result.links)],
+        [line for line in [auto_cap_line(rows)] if line] + [headline_line(rows, plan)],
     )

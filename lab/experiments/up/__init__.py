@@ -8,13 +8,14 @@ from pathlib import Path
 from ddp.torchfree import add_train_arguments, config_from_args
 from lab import args as common
 from lab.engine.layout import Layout
-from lab.experiments.up.outputs import write_summary
+from lab.experiments.up import page
+from lab.experiments.up.analysis import analyse
+from lab.experiments.up.outputs import write_files
 from lab.experiments.up.plan import LAUNCHERS, TOPOLOGIES, Topology, UpPlan, load_topology
 from lab.experiments.up.result import UpResult
 from lab.experiments.up.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.up.text import format_summary
 from lab.report.publish import publish
-from lab.report.up import up_results
 
 NAME = "up"
 HELP = "run a topology to its parity verdict, then remove it"
@@ -84,9 +85,10 @@ def plan(args: argparse.Namespace) -> UpPlan:
 
 
 def report(result: UpResult) -> int:
-    write_summary(result)
-    made = up_results(result)  # its summary's common fields merge into summary.json
+    summary = analyse(result)
+    write_files(summary)
+    made = page.page(summary)  # its summary's common fields merge into summary.json
     for line in publish(result.run_dir, made.page, made.summary, made.files, made.jobs):
         print(line)
-    print(format_summary(result))
-    return 0 if result.ok else 1
+    print(format_summary(summary))
+    return 0 if summary.ok else 1

@@ -1,4 +1,5 @@
-"""``lab up``'s ``summary.json``: the run's layout, exits, resources and verdict."""
+"""``lab up``'s ``summary.json``, from the run's summary: the layout, exits, resources, the
+median step and the verdict."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ import json
 import os
 from pathlib import Path
 
-from lab.experiments.up.result import UpResult
+from lab.experiments.up.analysis import UpSummary
 
-__all__ = ["summary_dict", "write_summary"]
+__all__ = ["summary_dict", "write_files"]
 
 
-def summary_dict(result: UpResult) -> dict:
+def summary_dict(summary: UpSummary) -> dict:
+    result = summary.result
     plan, s = result.plan, result.sampler
     return {
         "run_id": result.run_id,
@@ -24,6 +26,7 @@ def summary_dict(result: UpResult) -> dict:
         "exit_codes": {str(r): c for r, c in sorted(result.codes.items())},
         "training_s": round(result.training_s, 3),
         "total_s": round(result.total_s, 3),
+        "median_step_ms": summary.median_step_ms,
         "parity_holds": result.holds,
         "verdict": result.verdict,
         "containers": {n: dataclasses.asdict(u) for n, u in s.containers.items()},
@@ -36,7 +39,8 @@ def summary_dict(result: UpResult) -> dict:
     }
 
 
-def write_summary(result: UpResult) -> Path:
-    path = result.run_dir / "summary.json"
-    path.write_text(json.dumps(summary_dict(result), indent=2))
-    return path
+def write_files(summary: UpSummary) -> list[Path]:
+    """``summary.json`` (the page's common fields are merged into it afterwards)."""
+    path = summary.result.run_dir / "summary.json"
+    path.write_text(json.dumps(summary_dict(summary), indent=2))
+    return [path]

@@ -1,9 +1,11 @@
-"""``lab up``'s closing block: per-rank (torchrun: per-node) exits and resources, the verdict."""
+"""``lab up``'s closing block, from the run's summary: per-rank (torchrun: per-node) exits and
+resources, the verdict."""
 
 from __future__ import annotations
 
 import os
 
+from lab.experiments.up.analysis import UpSummary
 from lab.experiments.up.result import UpResult
 
 __all__ = ["format_summary"]
@@ -41,7 +43,8 @@ def _per_node(result: UpResult) -> list[str]:
     return lines
 
 
-def format_summary(result: UpResult) -> str:
+def format_summary(summary: UpSummary) -> str:
+    result = summary.result
     plan, s = result.plan, result.sampler
     lines = [
         f"summary of run {result.run_id} ({plan.name}): training {result.training_s:.1f} s, "

@@ -18,11 +18,24 @@ from pathlib import Path
 from ddp.torchfree import TrainConfig
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE
-from lab.experiments.kill.plan import KillPlan, checkpoint_dir, default_run_timeout
+from lab.experiments.kill.restart.plan import KillPlan, checkpoint_dir, default_run_timeout
 
-__all__ = ["COORDINATOR_PORT", "LIVE_MODES", "LIVE_TRAIN", "RECOVERIES", "LivePlan"]
+__all__ = [
+    "COORDINATOR_LOST",
+    "COORDINATOR_PORT",
+    "LIVE_MODES",
+    "LIVE_TRAIN",
+    "RECOVERIES",
+    "TARGETS",
+    "LivePlan",
+]
 
 COORDINATOR_PORT = 29500
+# What the fault hits: a rank (--rank), or the coordinator's container (--target coordinator).
+TARGETS = ("rank", "coordinator")
+# ddp's exit code for a rank that noticed the coordinator's loss with no successor to take over:
+# it stops rather than train on with nobody to notice the next fault.
+COORDINATOR_LOST = 5
 LIVE_MODES = ("kill", "pause", "partition")
 # The tower model (82 tensors, 1.1 MB): big enough that healing moves real bytes. A short
 # sleep per step keeps the steps apart so the fault lands inside the one it is aimed at.
@@ -54,6 +67,7 @@ class LivePlan:
     recovery: str = "live"  # "torchft": torchft's Manager and lighthouse drive the same job
     torchft: bool = False  # (live) also run the same job under torchft, for its row
     restart_checkpoint_every: int = 2
+    target: str = "rank"  # one of TARGETS; "coordinator": rank is the one whose step times it
     run_timeout_s: float | None = None
     image: str = DEFAULT_IMAGE
     runs_dir: Path = Path("runs")
@@ -82,6 +96,18 @@ class LivePlan:
             )
         if self.train.recovery != self.recovery:
             raise ValueError(f"the training config must have recovery={self.recovery!r}")
+        if self.target not in TARGETS:
+            raise ValueError(f"--target must be one of {', '.join(TARGETS)}, got {self.target!r}")
+        if self.target == "coordinator":
+            both = [f for f, on in (("--rejoin", self.rejoin), ("--compare", self.compare)) if on]
+            if self.recovery != "live" or self.torchft or both:
+                raise ValueError(
+                    "--target coordinator hits our coordinator, which only --recovery live has, "
+                    "and replaces no rank and compares with no other path: "
+                    f"drop {', '.join(both) or '--compare torchft'}"
+                    if self.recovery == "live"
+                    else "--target coordinator goes with --recovery live"
+                )
         if self.torchft and self.recovery == "torchft":
             raise ValueError("a torchft run compares with torchft itself: drop torchft=True")
         if self.compare and not 1 <= self.restart_checkpoint_every < self.at_step:
@@ -109,6 +135,20 @@ class LivePlan:
     @property
     def coordinator_node(self) -> int:
         return self.nodes
+
+    @property
+    def fault_node(self) -> int:
+        """The node the fault hits: the rank's (one rank per node), or the coordinator's."""
+        return self.coordinator_node if self.target == "coordinator" else self.rank
+
+    @property
+    def lost(self) -> int | None:
+        """The rank the fault takes away (None: the coordinator, every rank survives it)."""
+        return None if self.target == "coordinator" else self.rank
+
+    @property
+    def target_text(self) -> str:
+        return "the coordinator" if self.target == "coordinator" else f"rank {self.rank}"
 
     @property
     def lifetime_s(self) -> float:
@@ -182,5 +222,5 @@ class LivePlan:
         return (
             f"{self.layout.describe()} and {node}, model {t.model}, {t.steps} steps "
             f"({t.step_delay_ms:g} ms step delay), heartbeat timeout {t.heartbeat_timeout_s:g} "
-            f"s; fault: {self.mode} rank {self.rank} in step {self.at_step}{rejoin}"
+            f"s; fault: {self.mode} {self.target_text} in step {self.at_step}{rejoin}"
         )

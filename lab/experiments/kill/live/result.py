@@ -3,12 +3,12 @@ built and tested from synthetic records as well as from a real run."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddp.torchfree import RankLog
 from lab.experiments.kill.live.plan import LivePlan
-from lab.experiments.kill.result import KillResult
+from lab.experiments.kill.restart.result import KillResult
 
 __all__ = ["LiveResult", "Moment"]
 
@@ -33,6 +33,7 @@ class LiveResult:
     restart: KillResult | None  # the restart path on the same job, when it ran
     seconds: float = 0.0
     torchft: LiveResult | None = None  # the same job under torchft, when it ran
+    ended: dict[str, dict[int, float]] = field(default_factory=dict)  # job -> rank -> exit t
 
     def moment(self, kind: str) -> Moment | None:
         return next((m for m in self.moments if m.kind == kind), None)

@@ -19,8 +19,8 @@ from lab.engine.job import Job
 from lab.engine.training import train_argvs
 from lab.experiments.kill.live.plan import COORDINATOR_PORT, LivePlan
 from lab.experiments.kill.live.result import LiveResult, Moment
-from lab.experiments.kill.run import run as run_restart
-from lab.experiments.kill.text import tidy_line
+from lab.experiments.kill.restart.run import run as run_restart
+from lab.experiments.kill.words import tidy_line
 from lab.faults import FAULTS, Fault
 from lab.progress import Progress
 
@@ -73,8 +73,9 @@ def _drain(jobs: list[Job], ranks: dict[str, list[int]], timeout_s: float) -> No
 
 
 def _trigger(plan: LivePlan) -> Callable[[Event], bool]:
-    """The target's commit of the step before: a live rank records a step once its vote
-    passed, at the start of the next step's check, so its step record comes a step late."""
+    """The target's commit of the step before (the coordinator as the target: rank
+    ``plan.rank``'s, rank 0 by default): a live rank records a step once its vote passed, at
+    the start of the next step's check, so its step record comes a step late."""
 
     def hit(event: Event) -> bool:
         r = event.record if isinstance(event, RecordEvent) else None
@@ -112,7 +113,7 @@ def _live(cluster: Cluster, plan: LivePlan, fault: Fault, echo: _Echo) -> list[M
         "coordinator", argv, plan.lifetime_s, per_node=True, echo=follow("coordinator")
     )
     cfg = plan.config(f"{cluster.address(plan.coordinator_node)}:{COORDINATOR_PORT}")
-    fault.prepare(cluster, plan.rank)  # one rank per node: the rank's node
+    fault.prepare(cluster, plan.fault_node)  # one rank per node: the rank's node
     serves = "torchft's lighthouse" if plan.recovery == "torchft" else "coordinator"
     echo(
         f"== {plan.recovery}: {plan.nodes} ranks, {serves} at {cfg.coordinator} (node{plan.nodes})"
@@ -137,8 +138,9 @@ def _live(cluster: Cluster, plan: LivePlan, fault: Fault, echo: _Echo) -> list[M
     if fault.landed_at is not None:
         at = fault.landed_at
         when = f"Docker's kill event {at - start:.3f} s into the call; the call took {took:.3f} s"
-    moments = [Moment(at, f"lab: {plan.mode} rank {plan.rank} ({fault.detail}; {when})", "fault")]
-    survivors = [r for r in range(plan.nodes) if r != plan.rank]
+    what = f"lab: {plan.mode} {plan.target_text} ({fault.detail}; {when})"
+    moments = [Moment(at, what, "fault")]
+    survivors = [r for r in range(plan.nodes) if r != plan.lost]
     if plan.rejoin:
         _until(
             jobs,
@@ -187,6 +189,7 @@ def run(plan: LivePlan, echo: _Echo = print) -> LiveResult:
     with cluster, fault_type() as fault:
         moments = _live(cluster, plan, fault, echo)
         codes = {j.name: j.codes for j in cluster.jobs}
+        ended = {j.name: {r: e.t for r, e in j.exits.items()} for j in cluster.jobs}
     logs = {
         name: load_attempts(run_dir / name / "logs")
         for name in ("live", "rejoin")
@@ -210,4 +213,5 @@ def run(plan: LivePlan, echo: _Echo = print) -> LiveResult:
         restart,
         time.monotonic() - started,
         torchft,
+        ended,
     )

@@ -1,16 +1,23 @@
-"""What ``lab kill --recovery live`` prints: the timeline from the ranks' records and the lab's
-own moments, the table of recovery paths, the verdict, and last, one line a script can read.
-Pure."""
+"""What ``lab kill --recovery live`` prints, from the run's summary: the timeline from the
+ranks' records and the lab's own moments, the table of recovery paths (its legend says how
+each column is measured), the verdict, and last, one line a script can read. Pure."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from ddp.torchfree import recovery_timeline
-from lab.experiments.kill.live.analysis import PathRow, Verdict, live_records
-from lab.experiments.kill.live.result import LiveResult
+from lab.experiments.kill.live.analysis import LiveSummary, PathRow, live_records
 
-__all__ = ["headline", "lines", "table"]
+__all__ = ["LEGEND", "headline", "lines", "table"]
+
+LEGEND = [
+    "fault -> next committed step: from the fault's moment to the end of the first step every "
+    "survivor (restart: every restarted rank) finished after it",
+    "step ms without faults: the step period, the median time between consecutive steps' "
+    "ends (a step ends when its last rank committed it), before the fault (restart: in its "
+    "uninterrupted run); the same definition in every row",
+]
 
 
 def _s(value: float | None, digits: int = 2) -> str:
@@ -18,7 +25,7 @@ def _s(value: float | None, digits: int = 2) -> str:
 
 
 def table(rows: Sequence[PathRow]) -> list[str]:
-    """One line per path; the same job, link and image in every row."""
+    """One line per path; the same job, link and image in every row; then the legend."""
     out = [
         f"{'path':<26}{'fault -> next committed step':>30}{'healing':>10}"
         f"{'steps redone':>14}{'step ms without faults':>24}"
@@ -29,20 +36,20 @@ def table(rows: Sequence[PathRow]) -> list[str]:
         out.append(
             f"{r.name:<26}{_s(r.fault_to_commit_s):>30}{_s(r.heal_s, 3):>10}{redone:>14}{step:>24}"
         )
-    return out
+    return out + [f"  {line}" for line in LEGEND]
 
 
-def headline(
-    result: LiveResult,
-    live: PathRow,
-    restart: PathRow | None,
-    figs: dict,
-    verdict: Verdict,
-    torchft: PathRow | None = None,
-) -> str:
+def headline(summary: LiveSummary) -> str:
     """E.g. ``live recovery: 0.6 s from the fault to the first committed step at world 3
     (restart path: 21.4 s); rank 2 healed from rank 0 in 0.4 s; replicas identical after every
     committed step``."""
+    result, live, figs, verdict = summary.result, summary.live, summary.figures, summary.verdict
+    restart, torchft = summary.restart, summary.torchft
+    if result.plan.target == "coordinator":
+        said = "; ".join(verdict.lines)
+        return f"coordinator lost in step {result.plan.at_step}: " + (
+            said if verdict.ok else f"FAILED: {said}"
+        )
     # torchft's lighthouse may first form a quorum without a survivor stuck in the old group
     world = figs.get("first_commit_world") or result.plan.nodes - 1
     text = f"{result.plan.recovery} recovery: {_s(live.fault_to_commit_s)} from the fault to "
@@ -64,15 +71,9 @@ def headline(
     )
 
 
-def lines(
-    result: LiveResult,
-    live: PathRow,
-    restart: PathRow | None,
-    figs: dict,
-    verdict: Verdict,
-    torchft: PathRow | None = None,
-) -> list[str]:
+def lines(summary: LiveSummary) -> list[str]:
     """Everything printed after the run, the headline last."""
+    result, figs = summary.result, summary.figures
     fault = result.moment("fault")
     out = []
     if fault is not None:
@@ -84,9 +85,9 @@ def lines(
         out.append(
             f"replacement: {figs['startup_s']:.2f} s from its process start to registering "
             f"(interpreter, torch import), then {_s(reg, 3)} from registering to its first "
-            f"committed step ({figs.get('heal_bytes', 0) / 1e6:.2f} MB healed)"
+            f"committed step ({(figs.get('heal_bytes') or 0) / 1e6:.2f} MB healed)"
         )
-    out += ["", *table([r for r in (restart, torchft, live) if r is not None])]
-    out += [f"verdict: {line}" for line in verdict.lines]
-    out.append(headline(result, live, restart, figs, verdict, torchft))
+    out += ["", *table(summary.rows)]
+    out += [f"verdict: {line}" for line in summary.verdict.lines]
+    out.append(headline(summary))
     return out

@@ -8,13 +8,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from lab.experiments.kill.result import KillResult
-from lab.experiments.kill.summary import Summary
+from lab.experiments.kill.restart.analysis import RestartSummary
 
-__all__ = ["summary_dict", "write_summary"]
+__all__ = ["summary_dict", "write_files"]
 
 
-def summary_dict(result: KillResult, summary: Summary) -> dict[str, Any]:
+def summary_dict(summary: RestartSummary) -> dict[str, Any]:
+    result = summary.result
     plan = result.plan
     return {
         "run_id": result.run_id,
@@ -40,8 +40,8 @@ def summary_dict(result: KillResult, summary: Summary) -> dict[str, Any]:
     }
 
 
-def write_summary(result: KillResult, summary: Summary) -> Path:
-    path = result.run_dir / "report.json"
+def write_files(summary: RestartSummary) -> list[Path]:
+    path = summary.result.run_dir / "report.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(summary_dict(result, summary), indent=2, default=str))
-    return path
+    path.write_text(json.dumps(summary_dict(summary), indent=2, default=str))
+    return [path]

@@ -1,4 +1,6 @@
-"""The report of a ``lab kill`` run, built from what it collected: pure, tested without Docker.
+"""``lab kill``'s analysis (the restart path), built from what the run collected: pure, tested
+without Docker. :func:`analyse` turns the result into the one :class:`RestartSummary` that
+``report.json``, the console text and the page are built from.
 
 Inputs: the fault phase's outcome (exit events, the failure records the ranks wrote), the
 flight recorder dumps they left on the shared volume and lab's own record of the injection.
@@ -15,14 +17,23 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ddp.torchfree import Diagnosis, diagnose
-from lab.experiments.kill.plan import KillPlan
-from lab.experiments.kill.result import Injection, PhaseOutcome
-from lab.experiments.kill.text import error_meaning, fmt_s, table
+from lab.experiments.kill.restart.plan import KillPlan
+from lab.experiments.kill.restart.recovery import Recovery, compare_runs
+from lab.experiments.kill.restart.result import Injection, KillResult, PhaseOutcome
+from lab.experiments.kill.words import error_meaning, fmt_s, table
 
-__all__ = ["PEER_FAILURE_EXIT", "FaultReport", "RankRow", "build_report"]
+__all__ = [
+    "HEADINGS",
+    "PEER_FAILURE_EXIT",
+    "FaultReport",
+    "RankRow",
+    "RestartSummary",
+    "analyse",
+    "build_report",
+]
 
 PEER_FAILURE_EXIT = 3  # ddp train's exit code when a peer died, stalled or was cut off
-_HEADINGS = (
+HEADINGS = (
     "rank",
     "node",
     "role",
@@ -75,7 +86,7 @@ class FaultReport:
         out = ["timeline of the fault phase (seconds since its ranks were started):"]
         out += [f"  {t:+8.2f} s  {what}" for t, what in self.timeline]
         out.append("ranks in the fault phase:")
-        out += table(_HEADINGS, [r.cells() for r in self.rows])
+        out += table(HEADINGS, [r.cells() for r in self.rows])
         out += [f"note: {n}" for n in self.notes]
         return out
 
@@ -259,3 +270,33 @@ def _noticed(diag: Diagnosis) -> str:
     ranks = ",".join(str(r) for r in sorted(diag.noticed))
     word = "rank" if len(diag.noticed) == 1 else "ranks"
     return f"; {word} {ranks} noticed after {lo if lo == hi else f'{lo}-{hi}'} s"
+
+
+@dataclass
+class RestartSummary:
+    """The fault report and, with ``--recover``, the recovery check; and the run they came
+    from."""
+
+    result: KillResult
+    report: FaultReport
+    recovery: Recovery | None
+
+    @property
+    def ok(self) -> bool:
+        """The diagnosis names the rank that was hit (and the recovery is bitwise identical)."""
+        return self.report.ok and (self.recovery is None or self.recovery.ok)
+
+
+def analyse(result: KillResult) -> RestartSummary:
+    plan = result.plan
+    report = build_report(
+        plan, result.phases["fault"], result.injection, result.dumps, result.notes
+    )
+    recovery = None
+    if plan.recover:
+        recovery = compare_runs(
+            result.logs.get("reference", {}),
+            result.logs.get("resume", {}),
+            plan.layout.world_size,
+        )
+    return RestartSummary(result, report, recovery)

@@ -33,7 +33,7 @@ from lab.engine.events import Event, RecordEvent
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE, job_dir
 from lab.engine.training import Torchrun
-from lab.experiments.kill.plan import DEFAULT_TRAIN, default_run_timeout
+from lab.experiments.kill.restart.plan import DEFAULT_TRAIN, default_run_timeout
 
 __all__ = ["PHASES", "TorchrunKillPlan"]
 

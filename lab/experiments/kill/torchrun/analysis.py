@@ -4,7 +4,7 @@
 torchrun recovered: the reference ran clean, the kill landed, every rank was set up again after
 it, the new workers resumed from a checkpoint that existed before the fault, the restarted run
 ended with every torchrun exiting 0 and parity holding, and every rank's final parameters equal
-the reference's bit for bit (:func:`lab.experiments.kill.restarts.compare_final`). Pure:
+the reference's bit for bit (:func:`lab.experiments.kill.torchrun.restarts.compare_final`). Pure:
 tested from synthetic values as well as from a real run; ``report.json`` holds all of it.
 """
 
@@ -16,16 +16,16 @@ from typing import Any
 
 from ddp.torchfree import ConfigRecord, RankLog, VerdictRecord
 from lab.engine.events import Event, RecordEvent
-from lab.experiments.kill.restarts import (
+from lab.experiments.kill.torchrun.plan import TorchrunKillPlan
+from lab.experiments.kill.torchrun.restarts import (
     Recovered,
     compare_final,
     compare_survivors,
     restart_timeline,
 )
-from lab.experiments.kill.torchrun_plan import TorchrunKillPlan
-from lab.experiments.kill.torchrun_result import JobOutcome, TorchrunKillResult, WorkerKill
+from lab.experiments.kill.torchrun.result import JobOutcome, TorchrunKillResult, WorkerKill
 
-__all__ = ["Check", "Verdict", "judge"]
+__all__ = ["Check", "TorchrunSummary", "Verdict", "analyse", "judge"]
 
 
 @dataclass(frozen=True)
@@ -204,3 +204,16 @@ def _resumed_check(
         f"the restarted workers {how}: checkpoints every {every} steps, every rank had logged "
         f"step {done} before the fault (newest checkpoint then: step {newest})",
     )
+
+
+@dataclass
+class TorchrunSummary:
+    """The verdict, and the run it was judged from: ``report.json``, the console text and the
+    page are each built from it."""
+
+    result: TorchrunKillResult
+    verdict: Verdict
+
+
+def analyse(result: TorchrunKillResult) -> TorchrunSummary:
+    return TorchrunSummary(result, judge(result))

@@ -1,16 +1,17 @@
 """``lab straggler``'s page: how much one slow rank slows every rank as the headline, the
 per-rank split of each step into compute and waiting beside the baseline, the Gantt chart, the
-slow link's probe and every rank's exit. From the run's result and its Summary."""
+slow link's probe and every rank's exit. From the run's summary."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ddp.torchfree import Section, Table, Text
+from lab.experiments.straggler.analysis import StragglerSummary
+from lab.experiments.straggler.plan import BASELINE_JOB, SLOWED_JOB
+from lab.experiments.straggler.text import headline_line
 from lab.report.common import figures_section, ranks_section
 from lab.report.results import Results, sweep_results
 
-__all__ = ["straggler_results"]
+__all__ = ["page"]
 
 _HEADERS = (
     "rank",
@@ -29,11 +30,10 @@ _FILES = [
 ]
 
 
-def straggler_results(result: Any, out: Any, broken: str) -> Results:
-    from lab.experiments.straggler.plan import BASELINE_JOB, SLOWED_JOB
-    from lab.experiments.straggler.text import headline_line
-
-    plan, s = result.plan, out.summary
+def page(summary: StragglerSummary) -> Results:
+    """The page and the run's summary.json fields."""
+    result, s, broken = summary.result, summary.figures, summary.broken
+    plan = result.plan
     rows = [
         [
             f"{r.rank} (slow)" if r.straggler else r.rank,

@@ -7,13 +7,13 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from lab.experiments.kill.torchrun_analysis import Verdict
-from lab.experiments.kill.torchrun_result import TorchrunKillResult
+from lab.experiments.kill.torchrun.analysis import TorchrunSummary
 
-__all__ = ["write_report"]
+__all__ = ["write_files"]
 
 
-def write_report(result: TorchrunKillResult, verdict: Verdict) -> Path:
+def write_files(summary: TorchrunSummary) -> list[Path]:
+    result, verdict = summary.result, summary.verdict
     plan = result.plan
     data = {
         "run_id": result.run_id,
@@ -47,4 +47,4 @@ def write_report(result: TorchrunKillResult, verdict: Verdict) -> Path:
     path = result.run_dir / "report.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2))
-    return path
+    return [path]

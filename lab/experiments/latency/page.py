@@ -1,16 +1,18 @@
 """``lab latency``'s page: bucketing and overlap as the headline, the sweep's table, the
 per-bucket timings of the Gantt chart's pair, the figures, the verified links and every rank's
-exit. From the sweep's result and its outputs (rows, headlines, timings)."""
+exit. From the sweep's summary."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ddp.torchfree import Section, Table, Text
+from lab.experiments.latency.analysis import Headline, LatencySummary
+from lab.experiments.latency.bucket_stats import ConfigTiming
+from lab.experiments.latency.result import LinkReport
+from lab.experiments.latency.text import headline_line, overlap_by_cap_line
 from lab.report.common import figures_section, ranks_section
 from lab.report.results import Results, ratio_text, sweep_results
 
-__all__ = ["latency_results"]
+__all__ = ["page"]
 
 _ROW_HEADERS = (
     "delay ms",
@@ -29,7 +31,7 @@ _FILES = [
 ]
 
 
-def _figure(headlines: list[Any]) -> str:
+def _figure(headlines: list[Headline]) -> str:
     several = len(headlines) > 1
     return "; ".join(
         f"bucketing {ratio_text(h.bucketing_speedup)}, overlap {ratio_text(h.overlap_gain)}"
@@ -38,7 +40,7 @@ def _figure(headlines: list[Any]) -> str:
     )
 
 
-def _timings(timings: list[Any]) -> list[Table]:
+def _timings(timings: list[ConfigTiming]) -> list[Table]:
     tables = []
     for t in timings:
         rows = [
@@ -58,7 +60,7 @@ def _timings(timings: list[Any]) -> list[Table]:
     return tables
 
 
-def _links(links: list[Any]) -> Table:
+def _links(links: list[LinkReport]) -> Table:
     rows = [
         [lk.ms, lk.shaper, lk.rtt_p50_ms, lk.rtt_p90_ms, lk.baseline_p50_ms, lk.line]
         for lk in links
@@ -68,10 +70,9 @@ def _links(links: list[Any]) -> Table:
     )
 
 
-def latency_results(result: Any, out: Any, broken: str) -> Results:
-    """``out``: the sweep's Outputs; ``broken``: what broke ("" when parity held)."""
-    from lab.experiments.latency.text import headline_line, overlap_by_cap_line
-
+def page(summary: LatencySummary) -> Results:
+    """The page and the run's summary.json fields."""
+    result, broken = summary.result, summary.broken
     rows = [
         [
             r.ms,
@@ -83,14 +84,14 @@ def latency_results(result: Any, out: Any, broken: str) -> Results:
             r.parity_text,
             r.steps_measured,
         ]
-        for r in out.rows
+        for r in summary.rows
     ]
-    lines = [overlap_by_cap_line(out.rows, h.ms) for h in out.headlines]
-    lines += [headline_line(h) for h in out.headlines]
+    lines = [overlap_by_cap_line(summary.rows, h.ms) for h in summary.headlines]
+    lines += [headline_line(h) for h in summary.headlines]
     problems: list[str] = []
     sections = [
         Section("Step time per configuration", [Table(_ROW_HEADERS, rows), Text(lines)]),
-        Section("Per bucket (the Gantt chart's pair, round 1)", _timings(out.timings)),
+        Section("Per bucket (the Gantt chart's pair, round 1)", _timings(summary.gantt.timings)),
         figures_section(
             result.run_dir,
             [
@@ -102,11 +103,11 @@ def latency_results(result: Any, out: Any, broken: str) -> Results:
         ranks_section(result.run_dir, {run.job: run.codes for run in result.runs}, problems),
     ]
     verdict = broken or "parity holds in every allreduce configuration"
-    figure = _figure(out.headlines)
+    figure = _figure(summary.headlines)
     # a two-phase run has a floor in each phase: the phase keeps the keys apart
     configs = {
         ", ".join(filter(None, (f"{r.ms:g} ms", r.phase, r.config))): r.median_step_ms
-        for r in out.rows
+        for r in summary.rows
     }
     return sweep_results(
         "latency",

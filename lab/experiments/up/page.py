@@ -1,17 +1,17 @@
 """``lab up``'s page: the parity verdict as the headline, each rank's (or, under torchrun,
 each node's) exit and resources, the containers' peak memory, and each rank's records. From
-the run's :class:`lab.experiments.up.result.UpResult`."""
+the run's summary."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ddp.torchfree import Headline, Page, Section, Table, steps_table
-from lab.report.common import command_line, job_logs, median_step_ms, ranks_section
+from lab.experiments.up.analysis import UpSummary
+from lab.experiments.up.result import JOB, UpResult
+from lab.report.common import command_line, ranks_section
 from lab.report.results import Results
 from lab.report.summary import RunSummary, started_at
 
-__all__ = ["up_results"]
+__all__ = ["page"]
 
 _FILES = [
     ("summary.json", "layout, exits, resources, the verdict"),
@@ -19,7 +19,7 @@ _FILES = [
 ]
 
 
-def _resources(result: Any) -> Table:
+def _resources(result: UpResult) -> Table:
     torchrun = result.plan.launcher == "torchrun"
     rows = []
     for who, code in sorted(result.codes.items()):
@@ -38,16 +38,15 @@ def _resources(result: Any) -> Table:
     )
 
 
-def up_results(result: Any) -> Results:
-    from lab.experiments.up.result import JOB
-
+def page(summary: UpSummary) -> Results:
+    """The page and the run's summary.json fields."""
+    result, logs = summary.result, summary.logs
     s = result.sampler
     memory = Table(
         ("container", "peak MiB"),
         [[n, u.peak_mib] for n, u in s.containers.items()],
         f"cgroup, sampled every {s.interval_s:g} s",
     )
-    logs, _ = job_logs(result.run_dir, JOB)
     problems: list[str] = []
     sections = [
         Section("Exits and resources", [_resources(result), memory]),
@@ -58,19 +57,19 @@ def up_results(result: Any) -> Results:
             problems,
         ),
     ]
-    step = median_step_ms(logs)
+    step = summary.median_step_ms
     figure = f"{result.plan.layout.world_size} ranks, training {result.training_s:.1f} s" + (
         f", median step {step:.1f} ms" if step is not None else ""
     )
     command = command_line("up")
-    page = Page(
+    made = Page(
         f"lab up: run {result.run_id}",
         Headline(command, result.verdict, figure, result.ok),
         sections,
         problems=problems,
     )
     configs = {JOB: step} if step is not None else {}
-    summary = RunSummary(
+    run_summary = RunSummary(
         "up",
         result.run_id,
         command,
@@ -81,4 +80,4 @@ def up_results(result: Any) -> Results:
         result.ok,
         configs,
     )
-    return Results(page, summary, list(_FILES), [JOB])
+    return Results(made, run_summary, list(_FILES), [JOB])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ddp.torchfree import FailureRecord, RankLog
 from lab.engine.events import ExitEvent
-from lab.experiments.kill.plan import KillPlan
+from lab.experiments.kill.restart.plan import KillPlan
 
 __all__ = ["Injection", "KillResult", "PhaseOutcome"]
 

@@ -20,12 +20,12 @@ from lab.engine.cluster import Cluster
 from lab.engine.events import Event, ExitEvent, LineEvent, RecordEvent
 from lab.engine.job import Job
 from lab.engine.specs import job_dir
-from lab.experiments.kill.torchrun_plan import TorchrunKillPlan
-from lab.experiments.kill.torchrun_result import JobOutcome, TorchrunKillResult, WorkerKill
+from lab.experiments.kill.torchrun.plan import TorchrunKillPlan
+from lab.experiments.kill.torchrun.result import JobOutcome, TorchrunKillResult, WorkerKill
 from lab.faults.host import HostDown
 from lab.progress import Progress, follow_steps
 
-__all__ = ["run_torchrun_kill"]
+__all__ = ["run"]
 
 _WAIT_SLACK_S = 15.0  # the node launcher stops torchrun at the job's timeout; seen within this
 _Echo = Callable[[str], None]
@@ -167,7 +167,7 @@ def _faulted(
     return follower.outcome(job), kill, follower.events
 
 
-def run_torchrun_kill(plan: TorchrunKillPlan, echo: _Echo = print) -> TorchrunKillResult:
+def run(plan: TorchrunKillPlan, echo: _Echo = print) -> TorchrunKillResult:
     """Both jobs on one cluster; collect; always clean up."""
     client = connect()
     started = time.monotonic()

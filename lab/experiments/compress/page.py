@@ -1,16 +1,15 @@
 """``lab compress``'s page: where each hook pays as the headline, the table per rate and hook,
-the crossover, the figure, the verified links and every rank's exit. From the run's result
-and its outputs (rows, crossovers)."""
+the crossover, the figure, the verified links and every rank's exit. From the run's summary."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ddp.torchfree import Section, Table, Text
+from lab.experiments.compress.analysis import CompressSummary, Crossover
+from lab.experiments.compress.text import crossover_line
 from lab.report.common import figures_section, ranks_section
 from lab.report.results import Results, sweep_results
 
-__all__ = ["compress_results"]
+__all__ = ["page"]
 
 _HEADERS = (
     "rate Mbit/s",
@@ -34,7 +33,7 @@ _FILES = [
 ]
 
 
-def _pays(c: Any) -> str:
+def _pays(c: Crossover) -> str:
     if not c.pays_at:
         return f"{c.hook} never pays"
     if c.lowest == c.highest:
@@ -42,9 +41,9 @@ def _pays(c: Any) -> str:
     return f"{c.hook} pays at {c.lowest:g}..{c.highest:g} Mbit/s"
 
 
-def compress_results(result: Any, out: Any, broken: str) -> Results:
-    from lab.experiments.compress.text import crossover_line
-
+def page(summary: CompressSummary) -> Results:
+    """The page and the run's summary.json fields."""
+    result, broken = summary.result, summary.broken
     rows = [
         [
             r.rate_mbit,
@@ -60,7 +59,7 @@ def compress_results(result: Any, out: Any, broken: str) -> Results:
             r.max_param_diff,
             "identical" if r.parity else "DIVERGED",
         ]
-        for r in out.rows
+        for r in summary.rows
     ]
     links = [
         [lk.rate_mbit, lk.shaper, lk.measured_mbit, lk.rtt_p50_ms, lk.baseline_rtt_p50_ms, lk.line]
@@ -79,7 +78,7 @@ def compress_results(result: Any, out: Any, broken: str) -> Results:
                 )
             ],
         ),
-        Section("Crossover", [Text([crossover_line(c) for c in out.crossovers])]),
+        Section("Crossover", [Text([crossover_line(c) for c in summary.crossovers])]),
         figures_section(result.run_dir, [("compress.png", "step time and price per rate")]),
         Section(
             "Links, as the probe measured them",
@@ -99,9 +98,9 @@ def compress_results(result: Any, out: Any, broken: str) -> Results:
         ),
         ranks_section(result.run_dir, {r.job: r.codes for r in result.runs}, problems),
     ]
-    figure = "; ".join(_pays(c) for c in out.crossovers if c.hook != "none")
+    figure = "; ".join(_pays(c) for c in summary.crossovers if c.hook != "none")
     verdict = broken or "replicas identical in every job"
-    configs = {f"{r.rate_mbit:g} Mbit/s, {r.hook}": r.median_step_ms for r in out.rows}
+    configs = {f"{r.rate_mbit:g} Mbit/s, {r.hook}": r.median_step_ms for r in summary.rows}
     return sweep_results(
         "compress",
         result,

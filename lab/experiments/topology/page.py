@@ -1,17 +1,18 @@
 """``lab topology``'s page: every configuration's step time against torch's DDP as the
 headline, the table (step time, cross-node bytes measured on the link, parity), the figure,
-the verified link and every rank's exit. From the run's result and its outputs (rows)."""
+the verified link and every rank's exit. From the run's summary."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from ddp.torchfree import Section, Table
+from lab.experiments.topology.analysis import TopologySummary
+from lab.experiments.topology.text import headline_line
 from lab.report.common import figures_section, ranks_section
 from lab.report.results import Results, sweep_results
 
-__all__ = ["topology_results"]
+__all__ = ["page"]
 
 _HEADERS = (
     "configuration",
@@ -34,9 +35,9 @@ def _cell(value: float | None) -> object:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else value
 
 
-def topology_results(result: Any, out: Any, broken: str) -> Results:
-    from lab.experiments.topology.text import headline_line
-
+def page(summary: TopologySummary) -> Results:
+    """The page and the run's summary.json fields."""
+    result, broken = summary.result, summary.broken
     plan = result.plan
     rows = [
         [
@@ -49,7 +50,7 @@ def topology_results(result: Any, out: Any, broken: str) -> Results:
             _cell(r.max_param_diff),
             "holds" if r.parity else "BROKEN",
         ]
-        for r in out.rows
+        for r in summary.rows
     ]
     links = [[lk.shaper, lk.line, lk.note] for lk in result.links]
     problems: list[str] = []
@@ -73,9 +74,9 @@ def topology_results(result: Any, out: Any, broken: str) -> Results:
         ),
         ranks_section(result.run_dir, {r.job: r.codes for r in result.runs}, problems),
     ]
-    figure = headline_line(out.rows, plan).split(": ", 1)[-1]
+    figure = headline_line(summary.rows, plan).split(": ", 1)[-1]
     verdict = broken or "parity holds in every job"
-    configs = {r.label: r.median_step_ms for r in out.rows}
+    configs = {r.label: r.median_step_ms for r in summary.rows}
     return sweep_results(
         "topology",
         result,

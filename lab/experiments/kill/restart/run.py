@@ -19,9 +19,9 @@ from lab.engine.cluster import Cluster
 from lab.engine.events import Event, ExitEvent, LineEvent, RecordEvent
 from lab.engine.job import Job
 from lab.engine.specs import job_dir
-from lab.experiments.kill.plan import KillPlan
-from lab.experiments.kill.result import Injection, KillResult, PhaseOutcome
-from lab.experiments.kill.text import tidy_line
+from lab.experiments.kill.restart.plan import KillPlan
+from lab.experiments.kill.restart.result import Injection, KillResult, PhaseOutcome
+from lab.experiments.kill.words import tidy_line
 from lab.faults import Fault
 from lab.progress import Progress
 

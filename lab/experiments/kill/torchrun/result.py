@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ddp.torchfree import RankLog
 from lab.engine.events import Event
-from lab.experiments.kill.torchrun_plan import TorchrunKillPlan
+from lab.experiments.kill.torchrun.plan import TorchrunKillPlan
 
 __all__ = ["JobOutcome", "TorchrunKillResult", "WorkerKill"]
 
