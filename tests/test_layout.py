@@ -71,11 +71,6 @@ def test_ddp_imports_neither_lab_nor_docker():
     assert not found, "ddp must not know the lab or Docker:\n" + "\n".join(found)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="lab/report still imports experiments' text modules until the lab's reporting is "
-    "reshaped to flow one way (each experiment builds its page from a summary)",
-)
 def test_lab_report_imports_no_experiment():
     found = _reaching(_sources("lab/report"), "lab.experiments")
     assert not found, "lab/report must import no experiment:\n" + "\n".join(found)
