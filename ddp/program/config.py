@@ -190,6 +190,8 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
+        if isinstance(self.find_unused_parameters, bool):  # YAML's `true`, as torch spells it
+            self.find_unused_parameters = str(self.find_unused_parameters).lower()
         for f in dataclasses.fields(self):
             _check_type(f, getattr(self, f.name))
         if self.model not in MODEL_NAMES:

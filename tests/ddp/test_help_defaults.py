@@ -145,3 +145,11 @@ def test_nodes_name_consecutive_ranks():
     assert [cfg.node_of(r, 6) for r in range(6)] == ["node0"] * 3 + ["node1"] * 3
     with pytest.raises(ValueError, match="does not divide the world size 5"):
         cfg.node_of(0, 5)
+
+
+def test_find_unused_parameters_reads_as_torch_spells_it():
+    assert TrainConfig(model="branchy").finds_unused
+    assert not TrainConfig(model="branchy", find_unused_parameters="false").finds_unused
+    assert TrainConfig.from_dict({"find_unused_parameters": True}).finds_unused  # YAML's true
+    with pytest.raises(ValueError, match="--find-unused-parameters must be auto, true or false"):
+        TrainConfig(find_unused_parameters="sometimes")
