@@ -220,6 +220,12 @@ class TrainConfig:
                 "--bucket-cap-mb auto predicts plain allreduces, not PowerSGD's compressed "
                 "ones: give a number with --comm-hook powersgd"
             )
+        if self.recovery != "restart" and self.find_unused_parameters != "auto":
+            # ddp.recovery wraps the model itself and gives branchy find_unused_parameters
+            raise ValueError(
+                f"--recovery {self.recovery} decides find_unused_parameters by the model: drop "
+                f"--find-unused-parameters {self.find_unused_parameters}"
+            )
         if self.nodes < 1:
             raise ValueError(_bad("nodes", self.nodes, ">= 1"))
         if self.nodes > 1 and not self.comm_hook.startswith("hierarchical"):

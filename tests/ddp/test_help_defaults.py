@@ -153,3 +153,5 @@ def test_find_unused_parameters_reads_as_torch_spells_it():
     assert TrainConfig.from_dict({"find_unused_parameters": True}).finds_unused  # YAML's true
     with pytest.raises(ValueError, match="--find-unused-parameters must be auto, true or false"):
         TrainConfig(find_unused_parameters="sometimes")
+    with pytest.raises(ValueError, match="drop --find-unused-parameters false"):
+        TrainConfig(recovery="live", find_unused_parameters="false")
