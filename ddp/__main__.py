@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddp.program.config import Rendezvous, TrainConfig
+from ddp.program.config import GROUPS, Rendezvous, TrainConfig
 from ddp.program.flags import add_train_arguments, config_from_args
 from ddp.program.launch import spawn_local
 from ddp.program.logs import setup_logging
@@ -55,10 +55,18 @@ def _rendezvous(args: argparse.Namespace, cfg: TrainConfig) -> Rendezvous:
     if cfg.recovery in ("live", "torchft") and args.init_method is None and cfg.coordinator:
         # The coordinator's store is the rendezvous (torchft's lighthouse: the quorum's place).
         args.init_method = f"tcp://{cfg.coordinator}"
-    given = [args.rank is not None, args.world_size is not None, args.init_method is not None]
-    if any(given) and not all(given):
-        raise ValueError("pass all of --rank, --world-size and --init-method, or none (torchrun)")
-    if all(given):
+    flags = {
+        "--rank": args.rank,
+        "--world-size": args.world_size,
+        "--init-method": args.init_method,
+    }
+    missing = [flag for flag, value in flags.items() if value is None]
+    if 0 < len(missing) < len(flags):
+        raise ValueError(
+            f"{' and '.join(missing)} missing: pass all of --rank, --world-size and "
+            "--init-method, or none under torchrun (which sets them in the environment)"
+        )
+    if not missing:
         return Rendezvous(args.rank, args.world_size, args.init_method)
     return Rendezvous.from_env()
 
@@ -112,7 +120,11 @@ def _epilog() -> str:
 def _parser(one_rank: bool) -> tuple[argparse.ArgumentParser, list[str]]:
     p = argparse.ArgumentParser(
         prog="python -m ddp train" if one_rank else "python -m ddp",
-        usage=None if one_rank else "python -m ddp [train] [options]",
+        usage=(
+            "python -m ddp train [--rank R --world-size N --init-method URL] [options]"
+            if one_rank
+            else "python -m ddp [train] [options]"
+        ),
         description=_ONE if one_rank else _LOCAL,
         epilog=_epilog(),
     )
@@ -129,7 +141,9 @@ def _parser(one_rank: bool) -> tuple[argparse.ArgumentParser, list[str]]:
     else:
         p.add_argument("--world-size", type=int, default=4, help="local ranks (default 4)")
         add_fault_arguments(p)
-    return p, add_train_arguments(p)
+    # One rank's node is where its launcher put it: --nodes is for the local launcher only.
+    groups = [g for g in GROUPS if g != "local"] if one_rank else GROUPS
+    return p, add_train_arguments(p, groups)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -148,12 +162,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         world = rdzv.world_size if rdzv else args.world_size
         if cfg.recovery == "restart":  # live keeps the global batch over any world (ddp.recovery)
             cfg.local_batch(world)
+        if not one_rank:
+            cfg.node_of(0, world)  # --nodes must divide the world
         _check_writable("--log-dir", cfg.log_dir)
         _check_writable("--checkpoint-dir", cfg.checkpoints)
         if rdzv is not None:
             check_reachable(rdzv)
     except ValueError as e:
-        p.error(str(e))
+        # One line: the flags were parsed, so the usage would only bury what is wrong.
+        p.exit(2, f"{p.prog}: error: {e}\n")
     return _run_one(cfg, rdzv) if rdzv else _run_local(args, cfg, argv)
 
 

@@ -42,7 +42,9 @@ class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpF
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m ddp.bench", description=__doc__, formatter_class=_Help
+        prog="python -m ddp.bench",
+        description=__doc__.replace("``", "`"),  # the help is plain text, not reST
+        formatter_class=_Help,
     )
     p.add_argument("--world-size", type=int, default=4, help="ranks of the main run")
     p.add_argument("--depth", type=int, default=8, help="Linear layers of the MLP")

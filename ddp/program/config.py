@@ -27,6 +27,7 @@ from ddp.wrapper.hook_names import (
 __all__ = [
     "COMM_HOOKS",
     "COMPRESSION_HOOKS",
+    "FIND_UNUSED",
     "GROUPS",
     "MODEL_NAMES",
     "POWERSGD_RANK",
@@ -45,10 +46,13 @@ MODEL_NAMES = ("mini", "deep", "branchy", "conv", "tower")
 # why). none: no communication at all, the floor that "exposed communication" is measured from.
 SYNC_MODES = ("allreduce", "barrier", "none")
 # Field groups: "train" decides what is computed, "fault" how a run survives faults (timeouts,
-# checkpoints, delays to watch them), "output" where and how it reports.
-GROUPS = ("train", "fault", "output")
+# checkpoints, delays to watch them), "output" where and how it reports, "local" what only
+# python -m ddp's local launcher reads (where a launcher puts ranks on real nodes, it decides).
+GROUPS = ("train", "fault", "output", "local")
 WRAPPERS = ("ours", "torch")
 RECOVERY_MODES = ("restart", "live", "torchft")
+# auto: on for the model that needs it (branchy); true and false: as torch's argument
+FIND_UNUSED = ("auto", "true", "false")
 
 
 def _opt(default: Any, help: str, group: str = "train", **meta: Any) -> Any:
@@ -97,6 +101,13 @@ class TrainConfig:
         "averages within each node, then across nodes (a node: DDP_NODE or the host name), "
         "hierarchical-fp16 compresses only the cross-node leg",
         choices=COMM_HOOKS,
+    )
+    find_unused_parameters: str = _opt(
+        "auto",
+        "torch's find_unused_parameters for the wrapper: auto = true for --model branchy (a "
+        "layer some ranks skip on some steps), false otherwise; false on branchy shows what "
+        "happens without it",
+        choices=FIND_UNUSED,
     )
     tolerance: float = _opt(1e-5, "largest |param diff| vs the single-process reference")
     reference: bool = _opt(True, "skip the single-process reference on rank 0")
@@ -175,8 +186,18 @@ class TrainConfig:
         "follows the run (the lab)",
         "output",
     )
+    nodes: int = _opt(
+        1,
+        "declare the local ranks to be on N nodes of consecutive ranks (DDP_NODE node0, "
+        "node1, ...), so that --comm-hook hierarchical runs its two levels on one host; the "
+        "world size must be a multiple of N",
+        "local",
+        metavar="N",
+    )
 
     def __post_init__(self) -> None:
+        if isinstance(self.find_unused_parameters, bool):  # YAML's `true`, as torch spells it
+            self.find_unused_parameters = str(self.find_unused_parameters).lower()
         for f in dataclasses.fields(self):
             _check_type(f, getattr(self, f.name))
         if self.model not in MODEL_NAMES:
@@ -189,6 +210,34 @@ class TrainConfig:
             raise ValueError(
                 f"--comm-hook {self.comm_hook} needs --sync allreduce (the hooks "
                 f"compress the gradient allreduce), got --sync {self.sync}"
+            )
+        if self.find_unused_parameters not in FIND_UNUSED:
+            raise ValueError(
+                _bad("find_unused_parameters", self.find_unused_parameters, "auto, true or false")
+            )
+        if self.bucket_cap_mb == "auto" and self.finds_unused:
+            raise ValueError(
+                "--bucket-cap-mb auto chooses the cap when the buckets are rebuilt, which "
+                "find_unused_parameters never does (torch's rule; --model branchy turns it on): "
+                "give a number"
+            )
+        if self.bucket_cap_mb == "auto" and self.comm_hook == "powersgd":
+            raise ValueError(
+                "--bucket-cap-mb auto predicts plain allreduces, not PowerSGD's compressed "
+                "ones: give a number with --comm-hook powersgd"
+            )
+        if self.recovery != "restart" and self.find_unused_parameters != "auto":
+            # ddp.recovery wraps the model itself and gives branchy find_unused_parameters
+            raise ValueError(
+                f"--recovery {self.recovery} decides find_unused_parameters by the model: drop "
+                f"--find-unused-parameters {self.find_unused_parameters}"
+            )
+        if self.nodes < 1:
+            raise ValueError(_bad("nodes", self.nodes, ">= 1"))
+        if self.nodes > 1 and not self.comm_hook.startswith("hierarchical"):
+            raise ValueError(
+                f"--nodes {self.nodes} only groups ranks for the two-level allreduce: add "
+                "--comm-hook hierarchical (or hierarchical-fp16), or drop --nodes"
             )
         if self.wrapper not in WRAPPERS:
             raise ValueError(_bad("wrapper", self.wrapper, f"one of {', '.join(WRAPPERS)}"))
@@ -230,6 +279,24 @@ class TrainConfig:
         if self.checkpoint_dir:
             return Path(self.checkpoint_dir)
         return Path(self.log_dir) / "checkpoints" if self.log_dir else None
+
+    @property
+    def finds_unused(self) -> bool:
+        """What the wrapper is given as ``find_unused_parameters`` (``auto``: the model decides:
+        only ``branchy`` has a layer that ranks skip)."""
+        if self.find_unused_parameters == "auto":
+            return self.model == "branchy"
+        return self.find_unused_parameters == "true"
+
+    def node_of(self, rank: int, world_size: int) -> str:
+        """The node name ``--nodes`` gives ``rank`` (``DDP_NODE``): consecutive ranks share one,
+        as a launcher fills each node before the next."""
+        if world_size % self.nodes:
+            raise ValueError(
+                f"--nodes {self.nodes} does not divide the world size {world_size}: pick a "
+                f"world size that is a multiple of {self.nodes}"
+            )
+        return f"node{rank // (world_size // self.nodes)}"
 
     def local_batch(self, world_size: int) -> int:
         """Per-rank batch. Equal shards are what make the mean of per-rank mean losses equal

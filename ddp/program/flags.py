@@ -16,7 +16,12 @@ from ddp.program.config import GROUPS, TrainConfig, flag_of
 
 __all__ = ["add_train_arguments", "config_from_args"]
 
-_TITLES = {"train": "training", "fault": "faults and recovery", "output": "output"}
+_TITLES = {
+    "train": "training",
+    "fault": "faults and recovery",
+    "output": "output",
+    "local": "local ranks",
+}
 
 
 def add_train_arguments(

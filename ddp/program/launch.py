@@ -24,6 +24,7 @@ from ddp.program.config import Rendezvous, TrainConfig
 from ddp.program.logs import setup_logging
 from ddp.program.outcome import RankExit, run_guarded
 from ddp.program.train import run_rank
+from ddp.wrapper.topology import NODE_ENV
 
 __all__ = ["spawn_local", "spawn_ranks"]
 
@@ -108,6 +109,8 @@ def spawn_ranks(
 
 
 def _train_rank(rdzv: Rendezvous, cfg: TrainConfig) -> RankExit:
+    if cfg.nodes > 1:  # before any process group: the hierarchical hook gathers the names
+        os.environ[NODE_ENV] = cfg.node_of(rdzv.rank, rdzv.world_size)
     setup_logging(rdzv.rank, cfg.log_all_ranks)
     return run_guarded(rdzv.rank, cfg.log_dir, lambda: run_rank(cfg, rdzv))
 
@@ -122,6 +125,7 @@ def _worst(exits: dict[int, RankExit]) -> RankExit:
 def spawn_local(cfg: TrainConfig, world_size: int) -> RankExit:
     """Train ``world_size`` local ranks; the run's exit code and final line."""
     cfg.local_batch(world_size)  # fail on a bad split before spawning anything
+    cfg.node_of(0, world_size)  # and on --nodes that do not divide the world
     # torch's spawn warns for every peer it stops after a failure; the outcome says it once.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     try:

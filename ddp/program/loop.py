@@ -31,6 +31,7 @@ from ddp.program.records import ConfigRecord, EndRecord, RecordLog, StepRecord, 
 from ddp.program.reference import Reference, checksum, max_param_diff, params_sha256, sgd
 from ddp.program.resume import agreed_start, restore, save
 from ddp.program.wrap import bucket_count, start_line, wrap
+from ddp.wrapper.auto_cap import MAX_BYTES_PER_S
 from ddp.wrapper.distributed import DistributedDataParallel
 
 __all__ = ["train"]
@@ -86,7 +87,7 @@ def _setup(
     bucket_order = None if start is None else restore(cfg, start, module, opt, ref, recorder)
     if cfg.backward_delay_ms:
         simulate_backward_compute(module, cfg.backward_delay_ms)
-    model = wrap(cfg, module, recorder, bucket_order)
+    model, hook_state = wrap(cfg, module, recorder, bucket_order)
     ddp = model if isinstance(model, DistributedDataParallel) else None
     run = _Run(
         cfg,
@@ -107,7 +108,7 @@ def _setup(
     shapes = ddp.reducer.bucket_shapes if ddp else None
     buckets = bucket_count(cfg, model)
     jlog.write(ConfigRecord(rank, world, buckets, run.start, cfg.to_dict(), os.getpid(), shapes))
-    log.info(start_line(cfg, world, model))
+    log.info(start_line(cfg, world, model, hook_state))
     log.info(HEADER)
     return run
 
@@ -246,10 +247,15 @@ def _verify(run: _Run) -> bool:
 
 
 def _auto_cap_line(chosen: dict[str, object], buckets: int) -> str:
+    mb_per_s = chosen["link_mb_per_s"]
+    if mb_per_s >= round(MAX_BYTES_PER_S / (1 << 20), 3):  # type: ignore[operator]
+        # fit_link's clamp: the probe's times did not grow with its sizes
+        rate = "bytes free (the probe's time did not grow with size: too fast to measure)"
+    else:
+        rate = f"bytes at {mb_per_s} MB/s"
     return (
         f"auto bucket cap: {chosen['cap_mb']} MB ({buckets} bucket{'s' if buckets != 1 else ''}), "
-        f"link fit "
-        f"{chosen['link_latency_ms']} ms + bytes at {chosen['link_mb_per_s']} MB/s, "
+        f"link fit {chosen['link_latency_ms']} ms + {rate}, "
         f"{chosen.get('call_cpu_ms', 0.0)} ms CPU per call, probed in "
         f"{chosen['probe_ms']} ms; predicted communication end per cap (ms): "
         + ", ".join(f"{c} {t}" for c, t in chosen["predicted_ms"].items())  # type: ignore[union-attr]

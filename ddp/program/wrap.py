@@ -15,18 +15,21 @@ from ddp.program.config import TrainConfig
 from ddp.wrapper.buckets import torch_caps, torch_initial_plan
 from ddp.wrapper.comm_hooks import register_named_hook
 from ddp.wrapper.distributed import DistributedDataParallel
+from ddp.wrapper.hierarchical import HierarchicalState
 
 __all__ = ["bucket_count", "start_line", "wrap"]
 
 
 def wrap(
     cfg: TrainConfig, module: nn.Module, recorder: FlightRecorder, bucket_order: list[int] | None
-) -> nn.Module:
+) -> tuple[nn.Module, object | None]:
     """``--sync allreduce``: the chosen wrapper, with its comm hook and (ours) a resumed run's
-    bucket order. ``--sync barrier / none``: the module itself (same loop, no averaging)."""
+    bucket order, and the state the hook was registered with (``HierarchicalState`` for a
+    two-level allreduce that registered, else None). ``--sync barrier / none``: the module
+    itself (same loop, no averaging)."""
     if cfg.sync != "allreduce":
-        return module
-    find_unused = cfg.model == "branchy"
+        return module, None
+    find_unused = cfg.finds_unused
     if cfg.wrapper == "torch":
         # torch rebuilds its buckets in its own first backward; a checkpoint's order is ours
         model: nn.Module = TorchDDP(
@@ -40,11 +43,10 @@ def wrap(
             find_unused_parameters=find_unused,
             flight_recorder=recorder,
         )
-    if cfg.comm_hook != "none":
-        register_named_hook(model, cfg.comm_hook)
+    state = register_named_hook(model, cfg.comm_hook) if cfg.comm_hook != "none" else None
     if bucket_order is not None and isinstance(model, DistributedDataParallel):
         model.restore_bucket_order(bucket_order)
-    return model
+    return model, state
 
 
 def bucket_count(cfg: TrainConfig, model: nn.Module) -> int:
@@ -59,7 +61,7 @@ def bucket_count(cfg: TrainConfig, model: nn.Module) -> int:
     return 0
 
 
-def start_line(cfg: TrainConfig, world: int, model: nn.Module) -> str:
+def start_line(cfg: TrainConfig, world: int, model: nn.Module, hook_state: object | None) -> str:
     """The run's first log line: world, model, and how gradients are synchronised."""
     if cfg.sync != "allreduce":
         how = "dist.barrier() only" if cfg.sync == "barrier" else "nothing (local SGD)"
@@ -73,7 +75,7 @@ def start_line(cfg: TrainConfig, world: int, model: nn.Module) -> str:
     if k > 1:
         batch = f"global batch {k * cfg.batch_size} ({k} micro-batches of {cfg.batch_size}, "
         batch += f"the first {k - 1} under no_sync)"
-    hook = f", comm hook {cfg.comm_hook}" if cfg.comm_hook != "none" else ""
+    hook = _hook_text(cfg.comm_hook, hook_state)
     cap = (
         "auto: chosen at the rebuild" if cfg.bucket_cap_mb == "auto" else f"{cfg.bucket_cap_mb} MB"
     )
@@ -89,3 +91,17 @@ def _buckets_text(ddp: DistributedDataParallel) -> str:
     if ddp.reducer.rebuild_pending:
         text += " for step 1, then rebuilt in gradient-ready order"
     return text
+
+
+def _hook_text(name: str, state: object | None) -> str:
+    if name == "none":
+        return ""
+    if not name.startswith("hierarchical"):
+        return f", comm hook {name}"
+    if isinstance(state, HierarchicalState):
+        return f", comm hook {name} ({state.topology.describe()}: within each node, then across)"
+    # register_hierarchical registers nothing where two levels would only add steps
+    return (
+        f", comm hook {name}: all ranks on one node (or one per node), so it falls back to the "
+        "flat allreduce (--nodes N declares local nodes)"
+    )

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 __all__ = [
     "CANDIDATE_CAPS_MB",
     "IN_FLIGHT",
+    "MAX_BYTES_PER_S",
     "CapChoice",
     "LinkModel",
     "choose_cap",
@@ -37,6 +38,9 @@ IN_FLIGHT = 2
 # 0 is one bucket per gradient; the rest span latency-bound to bandwidth-bound links
 CANDIDATE_CAPS_MB = (0.0, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 25.0)
 _MB = 1024 * 1024
+# The fastest link a fit may report (1 TB/s): where the probe's times do not grow with size
+# (loopback, noise), the fitted slope is zero or negative and is clamped to this.
+MAX_BYTES_PER_S = 1e12
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,7 @@ def fit_link(samples: Sequence[tuple[int, float]], call_cpu_s: float = 0.0) -> L
     mean_t = sum(t for _, t in samples) / k
     var = sum((n - mean_n) ** 2 for n, _ in samples)
     slope = sum((n - mean_n) * (t - mean_t) for n, t in samples) / var
-    slope = max(slope, 1e-12)
+    slope = max(slope, 1.0 / MAX_BYTES_PER_S)
     latency = max(mean_t - slope * mean_n, 0.0)
     return LinkModel(latency_s=latency, bytes_per_s=1.0 / slope, call_cpu_s=call_cpu_s)
 

@@ -98,3 +98,19 @@ def test_a_fast_link_on_busy_cores_picks_few_buckets():
 
 def test_fit_carries_the_cpu_per_call():
     assert fit_link([(4 * KB, 0.001), (1 * MB, 0.002)], call_cpu_s=0.002).call_cpu_s == 0.002
+
+
+def test_the_clamped_bandwidth_is_reported_as_such():
+    """Where the probe's times do not grow with size, the fit's bandwidth is the clamp, not a
+    measurement: the log line says so instead of printing 953674.316 MB/s."""
+    from ddp.program.loop import _auto_cap_line
+    from ddp.wrapper.auto_cap import MAX_BYTES_PER_S, CapChoice
+    from ddp.wrapper.auto_tune import AutoCap
+
+    flat = fit_link([(4 * KB, 0.002), (1 * MB, 0.002)])
+    assert flat.bytes_per_s == MAX_BYTES_PER_S
+    summary = AutoCap(CapChoice(25.0, {25.0: 0.002}), flat, 0.05).summary()
+    line = _auto_cap_line(summary, 1)
+    assert "bytes free" in line and "MB/s" not in line, line
+    measured = fit_link([(4 * KB, 0.001), (1 * MB, 0.011)])  # about 100 MB/s
+    assert "MB/s" in _auto_cap_line(AutoCap(CapChoice(1.0, {}), measured, 0.05).summary(), 3)

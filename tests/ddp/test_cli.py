@@ -268,3 +268,28 @@ def test_an_internal_error_is_exit_4_with_the_traceback_kept(tmp_path):
     assert run_guarded(0, None, bad) == RankExit(2, "error: nothing to resume")
     assert run_guarded(0, None, lambda: True) == RankExit(0)
     assert run_guarded(0, None, lambda: False) == RankExit(1)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ["--world-size", "4", "--nodes", "2"],
+            "comm hook hierarchical (2 nodes x 2 ranks: within each node, then across)",
+        ),
+        (
+            ["--world-size", "2"],
+            "comm hook hierarchical: all ranks on one node (or one per node), so it falls back "
+            "to the flat allreduce",
+        ),
+    ],
+)
+def test_local_nodes_make_the_hierarchical_hook_two_levels(args, said):
+    """--nodes gives consecutive local ranks one DDP_NODE per node: the hook's topology, which
+    the start line reports from the state it registered, has two levels; without it, one."""
+    r = _ddp(*args, "--steps", "2", "--comm-hook", "hierarchical", timeout=180)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert said in lines[0], lines[0]
+    assert lines[-1].startswith("parity holds"), lines[-1]

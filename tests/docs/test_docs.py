@@ -4,6 +4,11 @@ docs/**/*.md, in code blocks and inline code, is accepted by the argument parser
 names; every relative Markdown link resolves to a file or folder of the repository, and every
 ``#anchor`` to a heading of the file it points into.
 
+The pages speak to a user of this commit: no word that only the project's history explains
+("issue 18", "a session earlier", "predates", "measured earlier") and no path a user's clone
+does not have (``../shared/...``, an absolute ``/work/...`` path, a base image only one machine
+built). Date a figure by what was measured (the command, the host), not by when.
+
 Commands are parsed, never run: the parsers are those ``ddp/__main__.py``, ``ddp/bench/__main__.py``
 and ``lab/cli.py`` build. Placeholders (``<run-id>``, ``...``) are refused in commands: write a
 concrete example instead. Failures name the file and line.
@@ -33,6 +38,34 @@ _STOP = {"&&", "||", ";", "|", "&", ")", "("}
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _INLINE = re.compile(r"(`+)(.+?)\1", re.S)
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+# (pattern, why it is refused): words that only the project's history explains
+_HISTORY = [
+    (r"\bissues?\s+#?\d+", "an issue number"),
+    (r"\bPR\s*#?\d+|\bpull request\s+#?\d+", "a pull request number"),
+    (r"\bsessions?\b", "a work session"),
+    (r"\bpredates?\b", "what a figure predates"),
+    (
+        r"\b(?:measured|ran|run|gave) earlier\b|\bearlier (?:run|runs) (?:of this page|gave)\b",
+        "an earlier run",
+    ),
+    (
+        r"\b(?:the )?(?:earlier|previous|older|newer|old) "
+        r"(?:rules|default|host|image|cost model|model|version|wording)\b",
+        "an older state of the code or host",
+    ),
+    (r"\b(?:before|until|since) (?:this|that|the) (?:fix|change|commit|session)\b", "a change"),
+    (r"\bno longer\b", "what the code used to do"),
+    (r"\bone-bucket-lag\b", "an internal nickname; say what it does"),
+]
+# paths and names a user's clone does not have
+_OUTSIDE = [
+    (r"\.\./shared\b", "a folder beside the repository"),
+    (r"(?<![\w.])/work/", "an absolute path of one machine"),
+    (r"\blab-base:offline\b", "a base image only one machine built"),
+    (r"\bmore-hosts\.sh\b", "a script outside the repository"),
+]
 
 
 @dataclass(frozen=True)
@@ -117,6 +150,9 @@ def _commands_in(text: str, where: str, inline: bool) -> list[Command]:
         try:
             for token in lexer:
                 if token in _STOP:
+                    break
+                if argv and token.endswith(":"):  # `python -m ddp.bench --quick: 4 ranks, ...`:
+                    argv.append(token[:-1])  # a program echoing its command line, then prose
                     break
                 argv.append(token)
         except ValueError as e:  # an unbalanced quote
@@ -250,6 +286,54 @@ def test_link_resolves(link: Link) -> None:
         assert anchor in known, (
             f"{link.where}: {target}: no heading #{anchor} in {_rel(dest)} (has: {sorted(known)})"
         )
+
+
+def _lines() -> list[tuple[str, str]]:
+    """Every line of every page (prose and code: shown output counts too), as (file:line, text)."""
+    out = []
+    for page in PAGES:
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            out.append((f"{_rel(page)}:{number}", line))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("rules", "what"), [(_HISTORY, "the project's history"), (_OUTSIDE, "outside the repository")]
+)
+def test_pages_speak_of_this_repository_only(rules: list[tuple[str, str]], what: str) -> None:
+    found = [
+        f"{where}: {m.group(0)!r} ({why})"
+        for where, line in _lines()
+        for pattern, why in rules
+        for m in re.finditer(pattern, line, re.IGNORECASE)
+    ]
+    assert not found, f"{len(found)} reference(s) to {what}:\n" + "\n".join(found)
+
+
+def test_the_rules_catch_what_they_are_for() -> None:
+    """The patterns above refuse the phrasings they were written for, and let plain prose pass."""
+    refused = [
+        "Targets of issue 18: hierarchical",
+        "The same bench a session earlier gave 1.046",
+        "That run's image predates the auto cap",
+        "Measured earlier on this host",
+        "the earlier rules (TCP-based delay)",
+        "the one-bucket-lag hook",
+        "the coordinator no longer polls the store",
+    ]
+    outside = ["see ../shared/tools/more-hosts.sh", "--base-image lab-base:offline", "/work/main"]
+    passed = [
+        "one left over from an earlier rendezvous is refused",
+        "rank 2 issues its allreduce",
+        "the previous reply's ACK",
+        "runs/bench/bench.json",
+    ]
+    hits = [any(re.search(p, t, re.IGNORECASE) for p, _ in _HISTORY) for t in refused]
+    assert all(hits), [t for t, h in zip(refused, hits, strict=True) if not h]
+    hits = [any(re.search(p, t, re.IGNORECASE) for p, _ in _OUTSIDE) for t in outside]
+    assert all(hits), [t for t, h in zip(outside, hits, strict=True) if not h]
+    for t in passed:
+        assert not any(re.search(p, t, re.IGNORECASE) for p, _ in _HISTORY + _OUTSIDE), t
 
 
 def test_enough_was_checked() -> None:
