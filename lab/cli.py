@@ -23,7 +23,7 @@ __all__ = ["build_parser", "commands", "main"]
 
 _EXAMPLES = """\
 examples:
-  python -m lab image --offline --base-image lab-base:offline
+  python -m lab image                               # once: the lab image
   python -m lab up                                  # 4 nodes x 1 rank to the parity verdict
   python -m lab up --topology lab/experiments/up/topologies/2x2.yaml
   python -m lab latency --ms 5                      # bucketing and overlap under link delay

@@ -23,7 +23,7 @@ GONE = (docker.errors.DockerException, requests.exceptions.RequestException)
 
 _BUILD_HINT = (
     "build it with `python -m lab image` (pulls from registries) or, with no registry, "
-    "`python -m lab image --offline --base-image lab-base:offline`"
+    "`python -m lab image --offline --base-image IMAGE` (any local image with python3)"
 )
 
 
@@ -64,8 +64,8 @@ def connect(timeout_s: float = 120.0, endpoint: str = "") -> docker.DockerClient
                 "start it, or drop it from --hosts"
             ) from None
         raise LabError(
-            f"cannot reach the Docker engine ({e}); start it (on the lab machines: "
-            "../shared/tools/docker-here.sh) or point DOCKER_HOST at a running one"
+            f"cannot reach the Docker engine ({e}); start it (e.g. `dockerd &` as root) or "
+            "point DOCKER_HOST at a running one"
         ) from None
     return client
 

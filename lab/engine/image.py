@@ -60,8 +60,8 @@ def probe_base(client: docker.DockerClient, base_image: str) -> BasePlatform:
     except docker.errors.ImageNotFound:
         raise LabError(
             f"base image {base_image} is not on this machine and an offline build cannot pull "
-            "it; build it (on the lab machines ../shared/tools/docker-here.sh makes "
-            "lab-base:offline) or `docker pull` it where a registry is reachable"
+            "it; `docker pull` it where a registry is reachable (or `docker load` a saved copy), "
+            "or name a local image with python3 as --base-image"
         ) from None
     try:
         out = client.containers.run(

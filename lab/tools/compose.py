@@ -135,7 +135,7 @@ def render() -> str:
 #
 # Four-node data-parallel run: one container per node, one gloo rank per container.
 #
-#   python -m lab image --offline --base-image lab-base:offline   # or: python -m lab image
+#   python -m lab image   # or, with no registry: --offline --base-image IMAGE
 #   docker compose up                     # exits 0 iff every node exited 0 (parity holds)
 #   STEPS=50 NO_OVERLAP=1 docker compose up
 #   docker compose down -v                # remove containers and volume

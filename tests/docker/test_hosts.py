@@ -1,4 +1,4 @@
-"""Docker tier, several engines: ``more-hosts.sh up 2`` gives two more Docker engines on this
+"""Docker tier, several engines: ``python -m lab engines up 2`` gives two more Docker engines on this
 machine (own network namespace, own address, own images and volumes); with the local one
 they are three hosts that share nothing but the network.
 

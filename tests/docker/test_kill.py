@@ -2,7 +2,7 @@
 iptables), real gloo ranks noticing them, and nothing labelled with the run id left afterwards.
 
 Run with ``pytest -m docker tests/docker/test_kill.py`` after the lab image was built
-(``python -m lab image --offline --base-image lab-base:offline``; ``LAB_IMAGE`` picks the tag).
+(``python -m lab image``; ``LAB_IMAGE`` picks the tag).
 Skipped with a reason where no engine answers.
 """
 

@@ -1,7 +1,7 @@
 """Docker tier: real containers, real gloo ranks over a bridge network, real cleanup.
 
-Run with ``pytest -m docker`` after ``python -m lab image --offline --base-image
-lab-base:offline`` (or ``python -m lab image``). Skipped with a reason where no engine answers.
+Run with ``pytest -m docker`` after ``python -m lab image`` (``--offline --base-image IMAGE``
+without a registry). Skipped with a reason where no engine answers.
 """
 
 import json
