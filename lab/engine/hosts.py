@@ -4,9 +4,9 @@ Pure (no Docker calls), so the parsing and the placement are unit tested without
 ``--hosts`` is a comma-separated list of Docker endpoints or the path of a hosts file (one
 endpoint a line, ``#`` comments); an endpoint may carry ``=ADDRESS``, the address the other
 hosts reach it at (what a swarm advertises; needed by a manager with several interfaces, such
-as this machine's own engine beside the engines of ``python -m lab engines``). The hosts are named ``host0``,
-``host1``... in the order given. Nodes go to the hosts round-robin, or as ``--placement``
-says: one host (name or index) per node.
+as this machine's own engine beside the engines of ``python -m lab engines``). The hosts are
+named ``host0``, ``host1``... in the order given. Nodes go to the hosts round-robin, or as
+``--placement`` says: one host (name or index) per node.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Docker tier, several engines: ``python -m lab engines up 2`` gives two more Docker engines on this
-machine (own network namespace, own address, own images and volumes); with the local one
+"""Docker tier, several engines: ``python -m lab engines up 2`` gives two more Docker engines on
+this machine (own network namespace, own address, own images and volumes); with the local one
 they are three hosts that share nothing but the network.
 
 What runs across them: ``lab up`` at 3x1 and 3x2 to parity (logs collected through every

@@ -2,7 +2,8 @@
 torchft's lighthouse in node 4's container, four replicas in four containers, one SIGKILLed by
 ``docker kill``, the survivors committing without it, a replacement healed from a peer over
 torchft's transport -- and the refusal of an image without torchft. Needs an image built with
-``python -m lab image --extras torchft --tag ddp-lab:torchft`` and ``LAB_IMAGE=ddp-lab:torchft``; skipped otherwise.
+``python -m lab image --extras torchft --tag ddp-lab:torchft`` and
+``LAB_IMAGE=ddp-lab:torchft``; skipped otherwise.
 Run with ``LAB_IMAGE=ddp-lab:torchft pytest -m docker tests/docker/test_kill_torchft.py``."""
 
 from __future__ import annotations
