@@ -22,6 +22,7 @@ It exits 0 once every member of the last quorum has finished, 3 when it refuses 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import socket
 import sys
@@ -30,7 +31,14 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
-from ddp.recovery.protocol import Quorum, keys, parse_notice, parse_uid_lines
+from ddp.recovery.protocol import (
+    ProtocolError,
+    Quorum,
+    check_address,
+    keys,
+    parse_notice,
+    parse_uid_lines,
+)
 
 __all__ = ["Coordinator", "main"]
 
@@ -66,6 +74,7 @@ class Coordinator:
         self.t0 = time.monotonic()
         self.exit_code: int | None = None
         self.stop_reason = ""
+        self.note = ""  # said in the reason of the next quorum formed
 
     def interval(self) -> float:
         """Seconds to the next tick: 5 ms while a quorum is being formed; in steady state an
@@ -172,6 +181,10 @@ class Coordinator:
         nxt = decide(self.quorum, expected=self.expected, joiners=self.waiting, survivors=survivors)
         if nxt is None:
             return
+        if not nxt.refused:
+            reason = f"{nxt.reason}; {self.note}" if self.note else nxt.reason
+            nxt = dataclasses.replace(nxt, standby=self._standby(nxt.members), reason=reason)
+            self.note = ""
         if self.quorum is not None and survivors is None:  # a join: tell the members at once
             note = {"kind": "superseded", "next": nxt.id, "why": nxt.reason}
             self.store.compare_set(keys.notify(self.quorum.id), "", json.dumps(note))
@@ -184,6 +197,20 @@ class Coordinator:
             return
         who = ", ".join(map(str, nxt.replicas))
         self.say(f"quorum {nxt.id} formed: ranks {who} (world {nxt.world_size}; {nxt.reason})")
+
+    def _standby(self, members: tuple[str, ...]) -> dict[str, str]:
+        """Where each member would serve the store if this coordinator were lost (a member
+        that published no valid address cannot take over)."""
+        out = {}
+        for uid in members:
+            key = keys.standby(uid)
+            if not self.store.check([key]):
+                continue
+            try:
+                out[uid] = check_address(self.store.get(key).decode(errors="replace"))
+            except ProtocolError as e:
+                self.refuse(f"refused {key}: {e}")
+        return out
 
     def is_registered(self, uid: str) -> bool:
         """Whether ``uid`` registered: for the liveness thread, which calls it on a greeting
@@ -270,7 +297,9 @@ def _wake_on(store, key_now: Callable[[], str | None], wake: threading.Event) ->
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ddp.recovery.coordinator", description=__doc__)
-    p.add_argument("--port", type=int, required=True, help="TCP port of the store")
+    p.add_argument(
+        "--port", type=int, required=True, help="TCP port of the store (0: any free one)"
+    )
     p.add_argument(
         "--host",
         default="127.0.0.1",
@@ -363,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     notices.daemon = True
     notices.start()
     coord.say(
-        f"store listening on {args.host}:{args.port} (members' connections on port "
+        f"store listening on {args.host}:{store.port} (members' connections on port "
         f"{liveness.port}), waiting for {args.world_size} ranks"
     )
     return serve(coord, wake, time.monotonic() + args.timeout)

@@ -141,19 +141,21 @@ def _drive(
     rejoin: bool,
     deadline: float,
     kill_coordinator: int | None = None,
-) -> float | None:
-    """Run until every rank exited; inject the fault; returns the kill's wall-clock time."""
-    t_kill = None
+) -> tuple[float | None, float | None]:
+    """Run until every rank exited; inject the faults; returns the wall-clock times of the
+    rank's kill and of the coordinator's."""
+    t_kill = t_coordinator = None
     while job.ranks_running() or not job.records.empty():
         if time.monotonic() > deadline:
             raise TimeoutError("the live run did not finish in time")
         for name, r in job.drain():
             done = isinstance(r, CommitRecord) and r.committed
             at = kill_coordinator
-            if at is not None and t_kill is None and (at == 1 or (done and r.step == at - 1)):
+            now = at is not None and (at == 1 or (done and r.step == at - 1))
+            if now and t_coordinator is None:
                 job.procs["coordinator"].kill()
-                t_kill = time.time()
-                job.extra.append((t_kill, f"coordinator sent SIGKILL in step {at}"))
+                t_coordinator = time.time()
+                job.extra.append((t_coordinator, f"coordinator sent SIGKILL in step {at}"))
             # Once it committed step S-1: the kill lands in step S itself.
             hit = done and r.step == kill[1] - 1 if kill else False
             if kill and t_kill is None and name == str(kill[0]) and (hit or kill[1] == 1):
@@ -165,24 +167,23 @@ def _drive(
                 job.extra.append((time.time(), f"replacement for rank {kill[0]} started"))
                 job.start_rank(kill[0], f"{kill[0]}+")
         time.sleep(0.005)
-    return t_kill
+    return t_kill, t_coordinator
 
 
 def _report(
-    job: LocalJob, t_kill: float | None, kill: tuple[int, int] | None, coordinator: bool = False
+    job: LocalJob,
+    t_kill: float | None,
+    kill: tuple[int, int] | None,
+    t_coordinator: float | None = None,
 ) -> int:
     # The files are complete and also hold what no fault injection needed to follow.
     logs = load_attempts(Path(job.log_dir))
     job.events = [rec for attempts in logs.values() for log in attempts for rec in log.records]
     ends = [r for r in job.events if isinstance(r, EndRecord)]
     verdicts = [r for r in job.events if isinstance(r, RecoveryVerdictRecord)]
-    t0 = (
-        t_kill
-        if t_kill is not None
-        else min((r.t for r in job.events if hasattr(r, "t")), default=0)
-    )
-    what = f"seconds after the fault on rank {kill[0]}" if t_kill and kill else "seconds"
-    what = "seconds after the coordinator's SIGKILL" if t_kill and coordinator else what
+    t0 = t_coordinator or t_kill or min((r.t for r in job.events if hasattr(r, "t")), default=0)
+    what = f"seconds after the fault on rank {kill[0]}" if t_kill else "seconds"
+    what = "seconds after the coordinator's SIGKILL" if t_coordinator else what
     print(f"{job.cfg.recovery} recovery timeline ({what}):")
     for line in timeline(job.events, t0, job.extra):
         print(line)
@@ -195,11 +196,11 @@ def _report(
             survivors.pop(n)
     codes_ok = all(c == 0 for c in survivors.values())
     digests = {e.params_sha256 for e in ends}
-    if t_kill is not None and kill:
+    if t_kill is not None:
         f = figures(job.events, t_kill, job.world)
         print(_figures_line(f, kill, job.world))
-    if t_kill is not None and coordinator:
-        print(_coordinator_line(figures(job.events, t_kill, job.world)))
+    if t_coordinator is not None:
+        print(_coordinator_line(figures(job.events, t_coordinator, job.world)))
     # The verdict of a rank that lived through every quorum: a replacement's says only what
     # it saw after it joined (0 failed attempts, 1 quorum).
     whole = max(verdicts, key=lambda v: (v.quorums, v.failed_attempts), default=None)
@@ -273,9 +274,9 @@ def run_local(cfg: TrainConfig, args: argparse.Namespace) -> int:
             job.start_rank(r, str(r))
         deadline = time.monotonic() + max(300.0, cfg.steps * 10.0)
         sig = signal.Signals[f"SIG{args.signal}"]
-        t_kill = _drive(job, kill, sig, args.rejoin, deadline, at)
+        t_kill, t_coordinator = _drive(job, kill, sig, args.rejoin, deadline, at)
         job.stop()
-        return _report(job, t_kill, kill, coordinator=at is not None)
+        return _report(job, t_kill, kill, t_coordinator)
     finally:
         job.stop()
         print(f"records: {log_dir}", file=sys.stderr)

@@ -30,6 +30,7 @@ __all__ = [
     "SECRET_FILE_ENV",
     "ProtocolError",
     "Quorum",
+    "check_address",
     "check_uid",
     "job_secret",
     "keys",
@@ -83,6 +84,14 @@ def check_uid(text: str) -> str:
     return text
 
 
+def check_address(text: object) -> str:
+    """``text`` if it is ``HOST:PORT``, else ``ProtocolError``."""
+    host, _, port = str(text).rpartition(":")
+    if not host or len(host) > 253 or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ProtocolError(f"{str(text)[:40]!r} is not HOST:PORT")
+    return str(text)
+
+
 def parse_uid_lines(raw: bytes, key: str) -> tuple[list[str], list[str]]:
     """The member ids of an append-only list (``rec/members``, ``rec/ready/<q>``), and one
     line per entry refused (not a member id, or too long): garbage appended by a stranger is
@@ -103,6 +112,14 @@ class keys:
 
     MEMBERS = "rec/members"  # every registration, one "<uid>\n" appended each
     LIVENESS = "rec/liveness"  # the coordinator's port for members' connections (liveness)
+    # A successor's store (ddp.recovery.succession): who arrived from which quorum, one
+    # "<uid> <quorum id>\n" each, and the id of the first quorum it formed.
+    SUCCESSION = "rec/succession"
+    SUCCEEDED = "rec/succeeded"
+
+    @staticmethod
+    def standby(uid: str) -> str:
+        return f"rec/standby/{uid}"  # "host:port" where this member would serve as successor
 
     @staticmethod
     def incarnation(replica: int) -> str:
@@ -177,6 +194,8 @@ class Quorum:
     refused: str = ""
     lost: tuple[str, ...] = field(default=())
     joined: tuple[str, ...] = field(default=())
+    # member id -> "host:port" where it would serve the store should the coordinator be lost
+    standby: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "members", tuple(sorted(self.members, key=_order)))
@@ -222,6 +241,10 @@ class Quorum:
             for name in ("reason", "refused"):
                 if not isinstance(data.get(name, ""), str):
                     raise ProtocolError(f"its {name} is not text")
+            standby = data.get("standby", {})
+            if not isinstance(standby, dict):
+                raise ProtocolError("its standby is not a mapping")
+            data["standby"] = {check_uid(u): check_address(a) for u, a in standby.items()}
             return cls(**data)
         except TypeError as e:
             raise ProtocolError(f"not a quorum ({e})") from None

@@ -7,6 +7,7 @@ writes."""
 from __future__ import annotations
 
 import os
+import re
 import resource
 import signal
 import socket
@@ -42,17 +43,10 @@ while True:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _Job:
     """A coordinator (optionally under a file-descriptor limit) and two members."""
 
     def __init__(self, tmp: Path, nofile: int | None = None) -> None:
-        self.port = _free_port()
         self.out = tmp / "coordinator.txt"
         limit = None
         if nofile is not None:
@@ -60,7 +54,8 @@ class _Job:
             def limit() -> None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
-        argv = [sys.executable, "-m", "ddp.recovery.coordinator", "--port", str(self.port)]
+        # --port 0: the store takes a free port and says which (no race for a free port)
+        argv = [sys.executable, "-m", "ddp.recovery.coordinator", "--port", "0"]
         argv += ["--world-size", "2", "--heartbeat-timeout", "30", "--timeout", "80"]
         self.coordinator = subprocess.Popen(
             argv,
@@ -70,6 +65,8 @@ class _Job:
             preexec_fn=limit,
             start_new_session=True,
         )
+        self.wait_for(lambda: "store listening on" in self.text(), "the store", 60)
+        self.port = int(re.search(r"listening on 127\.0\.0\.1:(\d+)", self.text()).group(1))
         self.members = {}
         for r in (0, 1):
             out = tmp / f"member{r}.txt"
