@@ -210,8 +210,14 @@ def test_a_member_killed_between_its_registration_writes_stalls_nothing(job):
 
 
 @pytest.mark.timeout(60)
-def test_a_local_coordinator_listens_on_loopback_only(job):
+def test_a_local_job_listens_on_loopback_only(job):
     out = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True, check=True).stdout
-    mine = [line for line in out.splitlines() if f"pid={job.coordinator.pid}," in line]
-    assert len(mine) == 2, mine  # the store and the members' connections
-    assert all(line.split()[3].startswith("127.0.0.1:") for line in mine), mine
+
+    def listening(pid: int) -> list[str]:
+        return [line.split()[3] for line in out.splitlines() if f"pid={pid}," in line]
+
+    coordinator = listening(job.coordinator.pid)
+    assert len(coordinator) == 2, out  # the store and the members' connections
+    members = [a for p, _ in job.members.values() for a in listening(p.pid)]
+    assert len(members) == 2, out  # each member's standby socket (ddp.recovery.succession)
+    assert all(a.startswith("127.0.0.1:") for a in coordinator + members), out
