@@ -165,10 +165,12 @@ class Member:
         self._register()
 
     def _beat(self, every_s: float, gen: int) -> None:
-        store = self.store.clone()
+        store = None
         failing_since = None
         while self.lost is None and gen == self._gen:
             try:
+                if store is None:
+                    store = self.store.clone()
                 store.add(keys.heartbeat(self.uid), 1)
                 failing_since = None
             except RuntimeError as e:  # the store did not answer: the coordinator may be gone
@@ -181,8 +183,7 @@ class Member:
                         gen,
                     )
                     return
-                with contextlib.suppress(RuntimeError):
-                    store = self.store.clone()
+                store = None  # a new connection next time
             time.sleep(every_s)
 
     def _coordinator_ended(self, gen: int, why: str | None) -> None:
