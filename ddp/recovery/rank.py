@@ -8,30 +8,18 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 
 from ddp.program.config import Rendezvous, TrainConfig
 from ddp.program.records import RecordLog
 
-__all__ = ["exit_now", "process_start_time", "run_live_rank"]
-
-
-def process_start_time() -> float:
-    """Wall-clock time this process started (Linux: from /proc), else now."""
-    try:
-        with open("/proc/self/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            boot = next(float(line.split()[1]) for line in f if line.startswith("btime"))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return time.time()
+__all__ = ["exit_now", "run_live_rank"]
 
 
 def run_live_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
     """Train replica ``rdzv.rank`` with the coordinator at ``cfg.coordinator``; the live
     verdict (every step committed once, replicas identical after each)."""
-    from ddp.recovery.live import train_live  # torch, only once a rank really runs
+    from ddp.recovery.api import process_start_time  # torch, only once a rank really runs
+    from ddp.recovery.live import train_live
 
     started = process_start_time()
     # Whoever is group rank 0 prints the table (rank 0 may be lost): every rank may log info.

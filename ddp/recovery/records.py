@@ -1,16 +1,21 @@
-"""The typed records of a live run, in the style of ``ddp.program.records`` and read by its one
-reader: every event of the recovery timeline is one record, so the lab prints the timeline
-and judges the run from data. ``rank`` is always the replica (the ``--rank`` a process was
-started as; a replacement keeps it and writes ``rank<R>.attempt<N>.jsonl``); ``t`` is the wall
-clock (ranks of one host, or containers of one host, share it). Torch-free.
+"""The typed records of a live run, in the shape of ``ddp.program.records`` and read by its one
+reader (which looks them up in ``KINDS``): every event of the recovery timeline is one record,
+so the lab prints the timeline and judges the run from data. ``rank`` is always the replica
+(the ``--rank`` a process was started as; a replacement keeps it and writes
+``rank<R>.attempt<N>.jsonl``); ``t`` is the wall clock (ranks of one host, or containers of one
+host, share it).
+
+Torch-free, and free of the demo program: ``Record`` here has the fields and JSON form of
+``ddp.program.records.Record``, so any loop that uses ``ddp.recovery.api`` can write these
+records to its own log.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import ClassVar
-
-from ddp.program.records import Record
 
 __all__ = [
     "KINDS",
@@ -18,8 +23,20 @@ __all__ = [
     "FaultRecord",
     "HealRecord",
     "QuorumRecord",
+    "Record",
     "RecoveryVerdictRecord",
 ]
+
+
+@dataclass
+class Record:
+    """One event of replica ``rank``; ``to_json`` gives the line a rank log holds."""
+
+    event: ClassVar[str] = ""
+    rank: int
+
+    def to_json(self) -> str:
+        return json.dumps({"event": self.event, **dataclasses.asdict(self)})
 
 
 @dataclass

@@ -9,7 +9,6 @@ import os
 
 from ddp.program.config import Rendezvous, TrainConfig
 from ddp.program.records import RecordLog
-from ddp.recovery.rank import process_start_time
 
 __all__ = ["quiet_torchft", "run_torchft_rank"]
 
@@ -24,6 +23,8 @@ def quiet_torchft() -> None:
 def run_torchft_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
     """Train replica ``rdzv.rank`` of ``rdzv.world_size`` with the lighthouse at
     ``cfg.coordinator``; its verdict (every step committed once)."""
+    from ddp.recovery.api import process_start_time
+
     started = process_start_time()
     quiet_torchft()
     from ddp.recovery.tft.rank import train_torchft  # torch and torchft, only once it runs
