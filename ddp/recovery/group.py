@@ -25,7 +25,7 @@ from ddp.recovery.member import Member
 from ddp.recovery.protocol import Quorum, keys
 from ddp.recovery.waiting import QuorumLost
 
-__all__ = ["build_group"]
+__all__ = ["build_group", "release_groups"]
 
 _KEPT: list[object] = []  # every group (and builder) this process made, alive until os._exit
 
@@ -65,3 +65,11 @@ def build_group(member: Member, quorum: Quorum, timeout_s: float) -> dist.Proces
         why = error_meaning(str(out["error"]))
         raise QuorumLost(f"building the group of quorum {quorum.id} failed: {why}", "self")
     return out["pg"]  # type: ignore[return-value]
+
+
+def release_groups() -> None:
+    """Destroy every group this process built, once it trains no more: a gloo group still
+    alive when the interpreter exits aborts the process. One abandoned inside a collective
+    holds this call until its collective ends (at once when the peer died, else at gloo's
+    timeout)."""
+    _KEPT.clear()

@@ -57,6 +57,7 @@ class Member:
         on_notice: Callable[[int, str, str], None],
     ) -> None:
         self.address, self.replica, self.timeout_s = address, replica, timeout_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         self.store = connect(address, timeout_s)
         self.on_notice = on_notice
         self.qid = 0  # the quorum this member trains in
@@ -68,10 +69,12 @@ class Member:
         self._held: list[object] = []  # the liveness connections: open until the process ends
         self._lock = threading.Lock()
         self._entered = threading.Event()
+        self._stop = threading.Event()
         self._register()
         beat = threading.Thread(target=self._beat, args=(heartbeat_timeout_s / 5,), daemon=True)
-        beat.start()
-        threading.Thread(target=self._watch, daemon=True).start()
+        self._threads = [beat, threading.Thread(target=self._watch, daemon=True)]
+        for t in self._threads:
+            t.start()
 
     def _register(self) -> None:
         incarnation = self.store.add(keys.incarnation(self.replica), 1)
@@ -99,15 +102,15 @@ class Member:
 
     def _beat(self, every_s: float) -> None:
         store = self.store.clone()
-        while True:
+        while not self._stop.is_set():
             store.add(keys.heartbeat(self.uid), 1)
-            time.sleep(every_s)
+            self._stop.wait(every_s)
 
     def _watch(self) -> None:
         store = self.store.clone()
         store.set_timeout(_FOREVER)
         seen = 0
-        while True:
+        while not self._stop.is_set():
             # Cleared before qid is read: an enter() in between sets it again, so a quorum
             # entered while this thread handled the previous one is never missed.
             self._entered.wait()
@@ -116,12 +119,14 @@ class Member:
             if q == seen:
                 continue
             seen = q
-            while True:  # a socket timeout is not a notice: wait again
+            while not self._stop.is_set():  # a socket timeout is not a notice: wait again
                 try:
                     store.wait([keys.notify(q)], _FOREVER)
                     break
                 except RuntimeError:  # or the coordinator is gone: do not spin
                     time.sleep(0.1)
+            if self._stop.is_set():
+                return
             note = json.loads(store.get(keys.notify(q)))
             if note["kind"] == "superseded":
                 self.latest = max(self.latest, int(note["next"]))
@@ -209,3 +214,13 @@ class Member:
         with self._lock:
             self.qid = -1
         self.store.set(keys.done(self.uid), "1")
+
+    def stop(self) -> None:
+        """After ``done``: end the heartbeat and watcher threads, so that no daemon thread is
+        inside a store call when the interpreter exits (it would abort the process). The
+        watcher returns once the coordinator ends the last quorum (when every member is done,
+        or one is lost): waited for up to the heartbeat timeout."""
+        self._stop.set()
+        self._entered.set()
+        for t in self._threads:
+            t.join(timeout=self.heartbeat_timeout_s + 1.0)
