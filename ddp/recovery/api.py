@@ -61,7 +61,7 @@ from torch import nn
 
 from ddp.flight.diagnosis import PeerFailure
 from ddp.flight.gloo_errors import error_meaning
-from ddp.recovery.group import build_group
+from ddp.recovery.group import build_group, release_groups
 from ddp.recovery.heal import Heal, heal
 from ddp.recovery.member import Member
 from ddp.recovery.protocol import Quorum
@@ -355,8 +355,12 @@ class Manager:
             return None
 
     def close(self) -> None:
-        """Finished: tell the coordinator (the quorum's end is then no fault)."""
+        """Finished: tell the coordinator (the quorum's end is then no fault), stop this
+        member's threads and destroy the quorums' groups, so the process can exit."""
         self.member.done()
+        self.member.stop()
+        self.group, self._step_reduce = None, None
+        release_groups()
 
     def __enter__(self) -> "Manager":
         return self
