@@ -46,7 +46,7 @@ from ddp.recovery.records import (
     QuorumRecord,
     RecoveryVerdictRecord,
 )
-from ddp.recovery.tft.agree import agreement as torchft_agreement
+from ddp.recovery.tft.verdict import agreement as torchft_agreement
 from ddp.recovery.timeline import figures as recovery_figures
 from ddp.recovery.timeline import timeline as recovery_timeline
 from ddp.report import (

@@ -46,7 +46,7 @@ def run_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
 
         return run_live_rank(cfg, rdzv)
     if cfg.recovery == "torchft":  # the same under torchft's Manager (ddp.recovery.tft)
-        from ddp.recovery.tft.start import run_torchft_rank
+        from ddp.recovery.tft import run_torchft_rank
 
         return run_torchft_rank(cfg, rdzv)
     # torch.optim imports torch._dynamo lazily; imported while a group exists, it keeps a C++

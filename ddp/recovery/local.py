@@ -183,7 +183,7 @@ def _report(job: LocalJob, t_kill: float | None, kill: tuple[int, int] | None) -
     ok = codes_ok and len(digests) == 1 and len(ends) >= len(survivors) and bool(verdicts)
     ok = ok and all(v.holds for v in verdicts)
     if job.cfg.recovery == "torchft":  # its replicas compared from their step records
-        from ddp.recovery.tft.agree import agreement
+        from ddp.recovery.tft.verdict import agreement
 
         holds, said = agreement(job.events)
         ok, message = ok and holds, f"{message}, {said}"
@@ -226,7 +226,7 @@ def run_local(cfg: TrainConfig, args: argparse.Namespace) -> int:
     # Records are followed live only to time a fault: a run without one reads them at the end.
     kind = LocalJob
     if cfg.recovery == "torchft":
-        from ddp.recovery.tft.local import TorchftJob as kind
+        from ddp.recovery.tft.lighthouse import TorchftJob as kind
     job = kind(cfg, args.world_size, log_dir, follow=kill is not None)
     try:
         for r in range(args.world_size):

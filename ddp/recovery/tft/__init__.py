@@ -18,13 +18,23 @@ momentum and the step from a peer over torchft's HTTP checkpoint transport.
 
 Each replica writes the records of ``ddp.recovery.records`` (quorum, fault, commit, heal,
 verdict), so ``ddp.recovery.timeline`` reports a torchft run as it reports ours.
+
+The files: ``lighthouse`` (start it, wait at it), ``replica`` (one replica's state and
+torchft's pieces), ``rank`` (one replica's training loop), ``verdict`` (judging the run). This
+module is what the rest of ``ddp`` calls, torch-free until a replica really runs: the check
+that torchft is installed, and the start of one replica (which then ends with
+``ddp.recovery.rank.exit_now``: torchft's threads and an abandoned gloo group must not hold the
+exit).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
+import os
+from typing import Any
 
-__all__ = ["MISSING", "require_torchft"]
+__all__ = ["MISSING", "quiet_torchft", "require_torchft", "run_torchft_rank"]
 
 MISSING = (
     "--recovery torchft needs torchft, which is not installed: pip install -c constraints.txt "
@@ -36,3 +46,29 @@ def require_torchft() -> None:
     """ValueError (one line: what to install) when torchft cannot be imported."""
     if importlib.util.find_spec("torchft") is None:
         raise ValueError(MISSING)
+
+
+def quiet_torchft() -> None:
+    """torchft logs every quorum and commit (its Rust side at INFO, read from ``RUST_LOG`` when
+    it is loaded): warnings and errors only, unless the user set ``RUST_LOG``."""
+    os.environ.setdefault("RUST_LOG", "warn")
+    logging.getLogger("torchft").setLevel(logging.CRITICAL)  # faults: our records
+
+
+def run_torchft_rank(cfg: Any, rdzv: Any) -> bool:
+    """Train replica ``rdzv.rank`` of ``rdzv.world_size`` (a ``Rendezvous``) with the
+    lighthouse at ``cfg.coordinator`` (a ``TrainConfig``); its verdict (every step committed
+    once)."""
+    from ddp.program.records import RecordLog
+    from ddp.recovery.api import process_start_time
+
+    started = process_start_time()
+    quiet_torchft()  # before torchft is loaded: its Rust side reads RUST_LOG then
+    from ddp.recovery.tft.rank import train_torchft
+
+    logging.getLogger("ddp").setLevel(logging.INFO)
+    jlog = RecordLog(cfg.log_dir, rdzv.rank, echo=cfg.emit_records)
+    try:
+        return train_torchft(cfg, rdzv.rank, rdzv.world_size, jlog, started)
+    finally:
+        jlog.close()

@@ -26,10 +26,8 @@ from ddp.program.records import EndRecord, RecordLog, StepRecord
 from ddp.program.reference import checksum, params_sha256
 from ddp.recovery.job import job_parts
 from ddp.recovery.records import CommitRecord, FaultRecord, RecoveryVerdictRecord
-from ddp.recovery.tft.hook import manager_allreduce_hook
-from ddp.recovery.tft.parts import WatchedGloo, WatchedTransport
-from ddp.recovery.tft.peers import wait_for_replicas
-from ddp.recovery.tft.replica import Replica
+from ddp.recovery.tft.lighthouse import wait_for_replicas
+from ddp.recovery.tft.replica import Replica, WatchedGloo, WatchedTransport, manager_allreduce_hook
 from ddp.recovery.tft.verdict import judge_history
 from ddp.wrapper.distributed import DistributedDataParallel
 
