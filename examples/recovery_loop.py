@@ -1,11 +1,12 @@
 """A plain training loop with live recovery: its own model, optimizer, LR scheduler and data,
 wrapped by ``ddp.wrapper``'s ``DistributedDataParallel`` or torch's, and the lines marked
-``# recovery`` from ``ddp.recovery.api``. Start the coordinator, then one process per replica:
+``# recovery`` from ``ddp.recovery.api``. Start the coordinator, then one process per replica,
+all with the job's secret in their environment:
 
+    export DDP_RECOVERY_SECRET=$(python -c 'import secrets; print(secrets.token_hex(16))')
+    export DDP_RECOVERY_COORDINATOR=127.0.0.1:29500
     python -m ddp.recovery.coordinator --port 29500 --world-size 3 &
-    for r in 0 1 2; do
-        DDP_RECOVERY_COORDINATOR=127.0.0.1:29500 RANK=$r python examples/recovery_loop.py &
-    done
+    for r in 0 1 2; do RANK=$r python examples/recovery_loop.py & done
 
 Kill one (``kill -9``): the others go on at world 2 within a fraction of a second. Start it
 again (the same ``RANK``): it joins at the next step boundary, receives the state of a healthy

@@ -3,7 +3,9 @@
 0 parity holds, 1 parity broken, 2 bad input (found before any collective: e.g. a stale
 rendezvous file, nothing to resume), 3 a peer died, stalled or never joined (the line is the
 diagnosis), 4 an internal error: a bug, whose traceback goes to ``<log_dir>/rank<R>.traceback``
-(or to stderr without a log directory) while the terminal gets one line saying where it is.
+(or to stderr without a log directory) while the terminal gets one line saying where it is, 5
+the live-recovery coordinator was lost and no successor took over (the run stops rather than
+train on with nobody to notice a fault; a ``PeerFailure`` carries its code as ``exit_code``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ EXIT_CODES = {
     2: "bad input",
     3: "a peer died, stalled or never joined",
     4: "internal error",
+    5: "the live-recovery coordinator was lost",
 }
 
 
@@ -44,7 +47,7 @@ def run_guarded(rank: int, log_dir: str | None, fn: Callable[[], bool]) -> RankE
     try:
         return RankExit(0 if fn() else 1)
     except PeerFailure as e:
-        return RankExit(3, str(e))
+        return RankExit(getattr(e, "exit_code", 3), str(e))
     except BadInput as e:
         return RankExit(2, f"error: {e}")
     except Exception as e:

@@ -40,7 +40,9 @@ What each part does, and why it is shaped so:
   the world.
 
 The coordinator (``python -m ddp.recovery.coordinator``) must run first; its address and this
-replica's id come from the arguments or from ``DDP_RECOVERY_COORDINATOR`` and ``RANK``.
+replica's id come from the arguments or from ``DDP_RECOVERY_COORDINATOR`` and ``RANK``, the
+job's secret from ``DDP_RECOVERY_SECRET`` (or the file ``DDP_RECOVERY_SECRET_FILE`` names),
+the same for the coordinator and every replica.
 
 No ``from __future__ import annotations`` here: the wrappers compare the comm hook's
 annotations with ``dist.GradBucket`` and ``Future[Tensor]`` objects.
@@ -335,7 +337,7 @@ class Manager:
             if self._error is not None:
                 raise self._error
             self._gather(report, f"commit vote of step {step}")
-        except PeerFailure:
+        except PeerFailure:  # the coordinator stopped the job, or is lost: the run is over
             raise
         except RuntimeError as e:
             self._lost(e)
@@ -350,6 +352,8 @@ class Manager:
         if the quorum failed meanwhile."""
         try:
             return self._gather(report, "a report exchange")
+        except PeerFailure:
+            raise
         except RuntimeError as e:
             self._lost(e)
             return None

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ddp.recovery.protocol import SECRET_ENV, job_secret
+
 __all__ = ["add_fault_arguments", "check_live_run"]
 
 
@@ -24,6 +26,12 @@ def add_fault_arguments(p: argparse.ArgumentParser) -> None:
         "STOP (it stalls: its heartbeats stop) (default KILL)",
     )
     g.add_argument(
+        "--kill-coordinator-at-step",
+        type=int,
+        metavar="S",
+        help="SIGKILL the coordinator once rank 0 committed step S-1 (with --recovery live)",
+    )
+    g.add_argument(
         "--rejoin",
         action="store_true",
         help="start a replacement for the killed rank once the survivors committed a step",
@@ -35,7 +43,10 @@ def _server(mode: str, world_size: int | None) -> str:
     if mode == "torchft":
         least = (world_size + 1) // 2 if world_size else "M"
         return f"python -m ddp.recovery.tft.lighthouse --port 29510 --min-replicas {least}"
-    return f"python -m ddp.recovery.coordinator --port 29500 --world-size {world_size or 'N'}"
+    return (
+        f"{SECRET_ENV}=... python -m ddp.recovery.coordinator --port 29500 --world-size "
+        f"{world_size or 'N'}"
+    )
 
 
 def check_live_run(
@@ -70,6 +81,16 @@ def check_live_run(
         )
     if not one_rank and cfg.coordinator:
         raise ValueError("python -m ddp starts its own coordinator: drop --coordinator")
+    if one_rank and mode == "live":
+        job_secret()  # the coordinator's secret, in this rank's environment (ValueError: none)
+    at = getattr(args, "kill_coordinator_at_step", None)
+    if at is not None:
+        if mode != "live" or one_rank:
+            raise ValueError(
+                "--kill-coordinator-at-step is for a local python -m ddp --recovery live run"
+            )
+        if not 1 <= at <= cfg.steps:
+            raise ValueError(f"--kill-coordinator-at-step must be in 1..{cfg.steps}, got {at}")
     if (kill[0] is None) != (kill[1] is None):
         raise ValueError("pass --kill-rank and --kill-at-step together")
     if kill[0] is not None and not 0 <= kill[0] < (world_size or 0):

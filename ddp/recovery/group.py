@@ -3,7 +3,8 @@
 Every member of quorum ``q`` builds ``ProcessGroupGloo`` on ``PrefixStore("rec/pg/q/")``:
 the addresses it exchanges cannot mix with an older group's. Building connects every pair, so
 it waits for every member; it runs on a thread of its own, waited on like a collective
-(``wait_group``), so that a member that died before connecting cannot hold the others. Each
+(``build_group``), so that a member that died before connecting, or that moved on to a newer
+quorum (ranks joined while this one was being built), cannot hold the others. Each
 build uses its own store connection: one left waiting inside gloo must not hold the store for
 the rest of this rank.
 
@@ -51,17 +52,21 @@ def build_group(member: Member, quorum: Quorum, timeout_s: float) -> dist.Proces
 
     _KEPT.append(out)
     deadline = time.monotonic() + timeout_s
-    # The waker is registered before abort is read: a notice in between still wakes us.
-    with member.waking(wake):
+    # The waker is registered before abort is read: a notice in between still wakes us. A
+    # newer quorum (ranks joined) ends the build as an abort does: the members that read the
+    # quorums a moment later build the newer one's group and never come to this one's.
+    with member.building(quorum.id, wake):
         threading.Thread(target=build, daemon=True).start()
         while not built.is_set():
             if member.abort is not None:
+                member.stop_if_lost()
                 raise QuorumLost(member.abort["why"], member.abort["by"])
             left = deadline - time.monotonic()
             if left <= 0:
                 raise QuorumLost(f"building the group of quorum {quorum.id} timed out", "self")
             wake.wait(left)
     if "error" in out:
+        member.stop_if_lost()
         why = error_meaning(str(out["error"]))
         raise QuorumLost(f"building the group of quorum {quorum.id} failed: {why}", "self")
     return out["pg"]  # type: ignore[return-value]

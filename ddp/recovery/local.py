@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import queue
+import secrets
 import signal
 import socket
 import subprocess
@@ -27,6 +28,7 @@ from typing import IO
 
 from ddp.program.config import TrainConfig
 from ddp.program.records import EndRecord, Record, load_attempts, parse_record_line
+from ddp.recovery.protocol import SECRET_ENV, SECRET_FILE_ENV
 from ddp.recovery.records import CommitRecord, QuorumRecord, RecoveryVerdictRecord
 from ddp.recovery.timeline import figures, timeline
 
@@ -65,6 +67,12 @@ class LocalJob:
         self.rank_cfg = cfg.replace(
             coordinator=f"127.0.0.1:{self.port}", log_dir=log_dir, emit_records=follow
         )
+        # The job's secret, for the coordinator and the ranks alike: in their environment,
+        # which other users cannot read (a command line they can, in ps).
+        self.env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self.env[SECRET_ENV] = secrets.token_hex(16)
+        self.env.pop(SECRET_FILE_ENV, None)
+        self.env["GLOO_SOCKET_IFNAME"] = "lo"  # the ranks' gloo listeners: loopback too
         self.start_server()
 
     def start_server(self) -> None:
@@ -74,6 +82,8 @@ class LocalJob:
             "coordinator",
             "-m",
             "ddp.recovery.coordinator",
+            "--host",
+            "127.0.0.1",  # this host only: nothing of a local job is reachable from outside
             "--port",
             str(self.port),
             "--world-size",
@@ -85,9 +95,8 @@ class LocalJob:
         )
 
     def _start(self, name: str, *argv: str) -> subprocess.Popen:
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
         p = subprocess.Popen(
-            [sys.executable, *argv], stdout=subprocess.PIPE, text=True, env=env, bufsize=1
+            [sys.executable, *argv], stdout=subprocess.PIPE, text=True, env=self.env, bufsize=1
         )
         self.procs[name] = p
         threading.Thread(target=_follow, args=(name, p.stdout, self.records), daemon=True).start()
@@ -126,15 +135,27 @@ class LocalJob:
 
 
 def _drive(
-    job: LocalJob, kill: tuple[int, int] | None, sig: signal.Signals, rejoin: bool, deadline: float
-) -> float | None:
-    """Run until every rank exited; inject the fault; returns the kill's wall-clock time."""
-    t_kill = None
+    job: LocalJob,
+    kill: tuple[int, int] | None,
+    sig: signal.Signals,
+    rejoin: bool,
+    deadline: float,
+    kill_coordinator: int | None = None,
+) -> tuple[float | None, float | None]:
+    """Run until every rank exited; inject the faults; returns the wall-clock times of the
+    rank's kill and of the coordinator's."""
+    t_kill = t_coordinator = None
     while job.ranks_running() or not job.records.empty():
         if time.monotonic() > deadline:
             raise TimeoutError("the live run did not finish in time")
         for name, r in job.drain():
             done = isinstance(r, CommitRecord) and r.committed
+            at = kill_coordinator
+            now = at is not None and (at == 1 or (done and r.step == at - 1))
+            if now and t_coordinator is None:
+                job.procs["coordinator"].kill()
+                t_coordinator = time.time()
+                job.extra.append((t_coordinator, f"coordinator sent SIGKILL in step {at}"))
             # Once it committed step S-1: the kill lands in step S itself.
             hit = done and r.step == kill[1] - 1 if kill else False
             if kill and t_kill is None and name == str(kill[0]) and (hit or kill[1] == 1):
@@ -146,21 +167,23 @@ def _drive(
                 job.extra.append((time.time(), f"replacement for rank {kill[0]} started"))
                 job.start_rank(kill[0], f"{kill[0]}+")
         time.sleep(0.005)
-    return t_kill
+    return t_kill, t_coordinator
 
 
-def _report(job: LocalJob, t_kill: float | None, kill: tuple[int, int] | None) -> int:
+def _report(
+    job: LocalJob,
+    t_kill: float | None,
+    kill: tuple[int, int] | None,
+    t_coordinator: float | None = None,
+) -> int:
     # The files are complete and also hold what no fault injection needed to follow.
     logs = load_attempts(Path(job.log_dir))
     job.events = [rec for attempts in logs.values() for log in attempts for rec in log.records]
     ends = [r for r in job.events if isinstance(r, EndRecord)]
     verdicts = [r for r in job.events if isinstance(r, RecoveryVerdictRecord)]
-    t0 = (
-        t_kill
-        if t_kill is not None
-        else min((r.t for r in job.events if hasattr(r, "t")), default=0)
-    )
+    t0 = t_coordinator or t_kill or min((r.t for r in job.events if hasattr(r, "t")), default=0)
     what = f"seconds after the fault on rank {kill[0]}" if t_kill else "seconds"
+    what = "seconds after the coordinator's SIGKILL" if t_coordinator else what
     print(f"{job.cfg.recovery} recovery timeline ({what}):")
     for line in timeline(job.events, t0, job.extra):
         print(line)
@@ -176,6 +199,8 @@ def _report(job: LocalJob, t_kill: float | None, kill: tuple[int, int] | None) -
     if t_kill is not None:
         f = figures(job.events, t_kill, job.world)
         print(_figures_line(f, kill, job.world))
+    if t_coordinator is not None:
+        print(_coordinator_line(figures(job.events, t_coordinator, job.world)))
     # The verdict of a rank that lived through every quorum: a replacement's says only what
     # it saw after it joined (0 failed attempts, 1 quorum).
     whole = max(verdicts, key=lambda v: (v.quorums, v.failed_attempts), default=None)
@@ -193,6 +218,9 @@ def _report(job: LocalJob, t_kill: float | None, kill: tuple[int, int] | None) -
         else (f"replicas DIFFER at the end ({len(digests)} digests)")
     )
     exits = ", ".join(f"rank {n} {c}" for n, c in sorted(survivors.items()))
+    if any(c == 5 for c in survivors.values()):  # no verdict can hold: nothing guarded the run
+        print(f"live recovery stopped: the coordinator was lost (exit codes: {exits})")
+        return 5
     print(f"{message}; {same} (exit codes: {exits})")
     return 0 if ok else (3 if any(c == 3 for c in survivors.values()) else 1)
 
@@ -217,6 +245,18 @@ def _figures_line(f: dict, kill: tuple[int, int], world: int) -> str:
     return line
 
 
+def _coordinator_line(f: dict) -> str:
+    def s(v: float | None) -> str:
+        return "never" if v is None else f"{v:.3f} s"
+
+    step = f["first_commit_step"]
+    at = f" (step {step} at world {f['first_commit_world']})" if step is not None else ""
+    return (
+        f"coordinator SIGKILL -> noticed {s(f['noticed_s'])}, -> new quorum "
+        f"{s(f['quorum_s'])}, -> first committed step {s(f['first_commit_s'])}{at}"
+    )
+
+
 def run_local(cfg: TrainConfig, args: argparse.Namespace) -> int:
     """The whole local live run; its exit code."""
     log_dir = cfg.log_dir or tempfile.mkdtemp(prefix="ddp-live-")
@@ -227,15 +267,16 @@ def run_local(cfg: TrainConfig, args: argparse.Namespace) -> int:
     kind = LocalJob
     if cfg.recovery == "torchft":
         from ddp.recovery.tft.lighthouse import TorchftJob as kind
-    job = kind(cfg, args.world_size, log_dir, follow=kill is not None)
+    at = getattr(args, "kill_coordinator_at_step", None)
+    job = kind(cfg, args.world_size, log_dir, follow=kill is not None or at is not None)
     try:
         for r in range(args.world_size):
             job.start_rank(r, str(r))
         deadline = time.monotonic() + max(300.0, cfg.steps * 10.0)
         sig = signal.Signals[f"SIG{args.signal}"]
-        t_kill = _drive(job, kill, sig, args.rejoin, deadline)
+        t_kill, t_coordinator = _drive(job, kill, sig, args.rejoin, deadline, at)
         job.stop()
-        return _report(job, t_kill, kill)
+        return _report(job, t_kill, kill, t_coordinator)
     finally:
         job.stop()
         print(f"records: {log_dir}", file=sys.stderr)

@@ -56,16 +56,19 @@ def _on_done(work: dist.Work, callback: Callable[[], None], errors: list[Excepti
 
 
 def wait_work(work: dist.Work, member: Member, timeout_s: float, what: str) -> None:
-    """Wait for ``work``; raise ``QuorumLost`` on an abort notice, a gloo error or a timeout."""
+    """Wait for ``work``; raise ``QuorumLost`` on an abort notice, a gloo error or a timeout,
+    ``CoordinatorLost`` once the coordinator is gone."""
     done, wake = threading.Event(), threading.Event()
     errors: list[Exception] = []
     threaded = False
+    member.stop_if_lost()  # no step may count once nobody would notice a fault
     if not work.is_completed():
         with member.waking(wake):
             threaded = _on_done(work, lambda: (done.set(), wake.set()), errors)
             deadline = time.monotonic() + timeout_s
             while not done.is_set():
                 if member.abort is not None:  # the collective may never end: leave it
+                    member.stop_if_lost()
                     raise QuorumLost(member.abort["why"], member.abort["by"])
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -79,6 +82,7 @@ def wait_work(work: dist.Work, member: Member, timeout_s: float, what: str) -> N
         if not threaded:
             work.wait()
     except RuntimeError as e:
+        member.stop_if_lost()
         if member.abort is not None:  # another member's notice came first: that is the cause
             raise QuorumLost(member.abort["why"], member.abort["by"]) from None
         raise QuorumLost(f"{what} failed: {error_meaning(str(e))}", "self") from None

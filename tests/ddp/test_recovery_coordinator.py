@@ -14,6 +14,8 @@ from torch.distributed import TCPStore
 from ddp.recovery.coordinator import Coordinator
 from ddp.recovery.protocol import Quorum, keys
 
+SECRET = b"0123456789abcdef-test"
+
 
 class _Members:
     """What ranks write into the store, without the ranks."""
@@ -24,7 +26,7 @@ class _Members:
     def register(self, replica: int) -> str:
         uid = f"{replica}.{self.store.add(keys.incarnation(replica), 1)}"
         self.store.add(keys.heartbeat(uid), 1)
-        self.store.set(keys.joined(self.store.add(keys.JOINED, 1)), uid)
+        self.store.append(keys.MEMBERS, f"{uid}\n")
         return uid
 
     def beat(self, *uids: str) -> None:
@@ -33,7 +35,7 @@ class _Members:
 
     def check_in(self, q: int, *uids: str) -> None:
         for uid in uids:
-            self.store.set(keys.ready_uid(q, self.store.add(keys.ready(q), 1)), uid)
+            self.store.append(keys.ready(q), f"{uid}\n")
 
     def quorum(self, q: int) -> Quorum:
         return Quorum.from_json(self.store.get(keys.quorum(q)))
@@ -123,11 +125,15 @@ def test_a_closed_connection_aborts_at_once_and_the_window_does_not_wait_for_it(
     from ddp.recovery.liveness import Liveness, hold
 
     m = _Members(store)
-    live = Liveness("127.0.0.1")
     # a heartbeat timeout and a window far longer than the test: only the connection decides
-    c = Coordinator(store, world_size=3, heartbeat_timeout_s=60, window_s=60, liveness=live)
+    c = Coordinator(store, world_size=3, heartbeat_timeout_s=60, window_s=60)
+    c.liveness = live = Liveness("127.0.0.1", SECRET, c.is_registered)
     uids = [m.register(r) for r in range(3)]
-    conns = {u: hold("127.0.0.1", live.port, u, 5) for u in uids}
+    conns = {u: hold("127.0.0.1", live.port, u, SECRET, 5) for u in uids}
+    deadline = time.monotonic() + 5
+    while len(live.connected()) < 3:  # greeted and checked against the registrations
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     c.tick()
     assert m.quorum(1).replicas == [0, 1, 2]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -72,6 +73,8 @@ def test_example_loop_survives_a_kill_and_heals_a_replacement(tmp_path, wrapper)
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "DDP_RECOVERY_COORDINATOR": f"127.0.0.1:{port}",
+        "DDP_RECOVERY_SECRET": secrets.token_hex(16),
+        "GLOO_SOCKET_IFNAME": "lo",
     }
     procs: dict[str, subprocess.Popen] = {}
 

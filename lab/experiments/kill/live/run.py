@@ -8,9 +8,11 @@ first commit at the smaller world, the end): :mod:`ddp.recovery.records`.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable
 
+from ddp.recovery.protocol import SECRET_ENV
 from ddp.torchfree import CommitRecord, load_attempts
 from lab.engine.client import RunTimeout, connect
 from lab.engine.cluster import Cluster
@@ -107,18 +109,29 @@ def _live(cluster: Cluster, plan: LivePlan, fault: Fault, echo: _Echo) -> list[M
     timeline."""
     assert plan.run_timeout_s is not None
     follow = _Echo2(plan, echo)
+    # The coordinator listens on its address on the run's network only; the job's secret goes
+    # to it and to every rank in the environment (ddp.recovery.protocol.job_secret).
+    host = cluster.address(plan.coordinator_node)
     argv = {plan.coordinator_node: plan.coordinator_argv()}
+    env = None
+    if plan.recovery == "live":
+        argv[plan.coordinator_node] += ["--host", host]
+        env = {SECRET_ENV: secrets.token_hex(16)}
     coordinator = cluster.job(
-        "coordinator", argv, plan.lifetime_s, per_node=True, echo=follow("coordinator")
+        "coordinator", argv, plan.lifetime_s, per_node=True, echo=follow("coordinator"), env=env
     )
-    cfg = plan.config(f"{cluster.address(plan.coordinator_node)}:{COORDINATOR_PORT}")
+    cfg = plan.config(f"{host}:{COORDINATOR_PORT}")
     fault.prepare(cluster, plan.rank)  # one rank per node: the rank's node
     serves = "torchft's lighthouse" if plan.recovery == "torchft" else "coordinator"
     echo(
         f"== {plan.recovery}: {plan.nodes} ranks, {serves} at {cfg.coordinator} (node{plan.nodes})"
     )
     job = cluster.job(
-        "live", train_argvs("live", plan.layout, cfg), plan.run_timeout_s, echo=follow("live")
+        "live",
+        train_argvs("live", plan.layout, cfg),
+        plan.run_timeout_s,
+        echo=follow("live"),
+        env=env,
     )
     jobs = [coordinator, job]
     _until(
@@ -150,7 +163,9 @@ def _live(cluster: Cluster, plan: LivePlan, fault: Fault, echo: _Echo) -> list[M
         cluster.restart(plan.rank)  # the old process goes for good; a fresh one replaces it
         argv = train_argvs("rejoin", plan.layout, cfg)[plan.rank]
         jobs.append(
-            cluster.job("rejoin", {plan.rank: argv}, plan.run_timeout_s, echo=follow("rejoin"))
+            cluster.job(
+                "rejoin", {plan.rank: argv}, plan.run_timeout_s, echo=follow("rejoin"), env=env
+            )
         )
         moments.append(
             Moment(time.time(), f"lab: replacement for rank {plan.rank} started", "replacement")
