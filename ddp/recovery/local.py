@@ -30,7 +30,7 @@ from ddp.program.config import TrainConfig
 from ddp.program.records import EndRecord, Record, load_attempts, parse_record_line
 from ddp.recovery.protocol import SECRET_ENV, SECRET_FILE_ENV
 from ddp.recovery.records import CommitRecord, QuorumRecord, RecoveryVerdictRecord
-from ddp.recovery.timeline import figures, timeline
+from ddp.recovery.timeline import figures, figures_line, timeline
 
 __all__ = ["LocalJob", "run_local"]
 
@@ -198,7 +198,7 @@ def _report(
     digests = {e.params_sha256 for e in ends}
     if t_kill is not None:
         f = figures(job.events, t_kill, job.world)
-        print(_figures_line(f, kill, job.world))
+        print(figures_line(f, kill, job.world))
     if t_coordinator is not None:
         print(_coordinator_line(figures(job.events, t_coordinator, job.world)))
     # The verdict of a rank that lived through every quorum: a replacement's says only what
@@ -223,26 +223,6 @@ def _report(
         return 5
     print(f"{message}; {same} (exit codes: {exits})")
     return 0 if ok else (3 if any(c == 3 for c in survivors.values()) else 1)
-
-
-def _figures_line(f: dict, kill: tuple[int, int], world: int) -> str:
-    def s(v: float | None) -> str:
-        return "never" if v is None else f"{v:.3f} s"
-
-    line = (
-        f"fault -> noticed {s(f['noticed_s'])}, -> new quorum {s(f['quorum_s'])}, -> first "
-        f"committed step {s(f['first_commit_s'])} (step {f['first_commit_step']} at world "
-        f"{f['first_commit_world']}"
-        f"; one step took {f['step_ms'] or 0:.1f} ms before the fault)"
-    )
-    if "heal_s" in f:
-        line += (
-            f"; rank {kill[0]} healed from rank {f['heal_from']}: {f['heal_bytes'] / 1e6:.2f} MB "
-            f"in {f['heal_s'] * 1e3:.1f} ms; registration -> healed "
-            f"{s(f['registered_to_healed_s'])}, -> first committed step "
-            f"{s(f['registered_to_step_s'])} (process start -> registration {s(f['startup_s'])})"
-        )
-    return line
 
 
 def _coordinator_line(f: dict) -> str:

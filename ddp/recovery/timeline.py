@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from ddp.program.records import Record, StepRecord
 from ddp.recovery.records import CommitRecord, FaultRecord, HealRecord, QuorumRecord
 
-__all__ = ["figures", "timeline"]
+__all__ = ["figures", "figures_line", "timeline"]
 
 
 def _first(records: Iterable[Record], kind: type, after: float, **match: object) -> Record | None:
@@ -110,3 +110,27 @@ def timeline(
         if text is not None:
             lines.append(f"  {t - t0:+8.3f} s  {text}")
     return lines
+
+
+def figures_line(f: dict, kill: tuple[int, int], world: int) -> str:
+    """``figures`` of a kill of rank ``kill[0]`` in step ``kill[1]``, in one line."""
+
+    def s(v: float | None) -> str:
+        return "never" if v is None else f"{v:.3f} s"
+
+    line = (
+        f"fault -> noticed {s(f['noticed_s'])}, -> new quorum {s(f['quorum_s'])}, -> first "
+        f"committed step {s(f['first_commit_s'])} (step {f['first_commit_step']} at world "
+        f"{f['first_commit_world']}"
+    )
+    if f["step_ms"] is not None:  # from step records, which not every loop writes
+        line += f"; one step took {f['step_ms']:.1f} ms before the fault"
+    line += ")"
+    if "heal_s" in f:
+        line += (
+            f"; rank {kill[0]} healed from rank {f['heal_from']}: {f['heal_bytes'] / 1e6:.2f} MB "
+            f"in {f['heal_s'] * 1e3:.1f} ms; registration -> healed "
+            f"{s(f['registered_to_healed_s'])}, -> first committed step "
+            f"{s(f['registered_to_step_s'])} (process start -> registration {s(f['startup_s'])})"
+        )
+    return line
