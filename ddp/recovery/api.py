@@ -63,7 +63,7 @@ from torch import nn
 
 from ddp.flight.diagnosis import PeerFailure
 from ddp.flight.gloo_errors import error_meaning
-from ddp.recovery.group import build_group, release_groups
+from ddp.recovery.group import build_group, keep_groups_past_exit
 from ddp.recovery.heal import Heal, heal
 from ddp.recovery.member import Member
 from ddp.recovery.protocol import Quorum
@@ -360,11 +360,12 @@ class Manager:
 
     def close(self) -> None:
         """Finished: tell the coordinator (the quorum's end is then no fault), stop this
-        member's threads and destroy the quorums' groups, so the process can exit."""
+        member's threads and leave the quorums' groups to the process's exit, so that the
+        interpreter exits normally (``ddp.recovery.group.keep_groups_past_exit``)."""
         self.member.done()
         self.member.stop()
         self.group, self._step_reduce = None, None
-        release_groups()
+        keep_groups_past_exit()
 
     def __enter__(self) -> "Manager":
         return self

@@ -9,12 +9,15 @@ build uses its own store connection: one left waiting inside gloo must not hold 
 the rest of this rank.
 
 Old groups are kept, never destroyed: destroying a gloo group joins its threads, and a thread
-inside an abandoned collective only returns at gloo's timeout. The process ends with
-``os._exit`` (see ``ddp.recovery.rank``), which does not wait for them.
+inside an abandoned collective only returns at gloo's timeout. The demo program ends with
+``os._exit`` (see ``ddp.recovery.rank``), which does not wait for them; a loop on
+``ddp.recovery.api`` ends with ``Manager.close``, which leaves them to the process's exit
+(``keep_groups_past_exit``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from datetime import timedelta
@@ -26,7 +29,7 @@ from ddp.recovery.member import Member
 from ddp.recovery.protocol import Quorum, keys
 from ddp.recovery.waiting import QuorumLost
 
-__all__ = ["build_group", "release_groups"]
+__all__ = ["build_group", "keep_groups_past_exit"]
 
 _KEPT: list[object] = []  # every group (and builder) this process made, alive until os._exit
 
@@ -72,9 +75,12 @@ def build_group(member: Member, quorum: Quorum, timeout_s: float) -> dist.Proces
     return out["pg"]  # type: ignore[return-value]
 
 
-def release_groups() -> None:
-    """Destroy every group this process built, once it trains no more: a gloo group still
-    alive when the interpreter exits aborts the process. One abandoned inside a collective
-    holds this call until its collective ends (at once when the peer died, else at gloo's
-    timeout)."""
+def keep_groups_past_exit() -> None:
+    """Once this process trains no more: leave every group it built to the process's exit,
+    never destroyed. Destroying a gloo group joins its threads, and one inside a collective
+    abandoned with a stalled peer returns only at gloo's timeout; a group the interpreter's
+    own exit destroys aborts the process. So each gets one reference nobody gives back
+    (``Py_IncRef``), and the process exit reclaims its threads and sockets."""
+    for kept in _KEPT:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(kept))
     _KEPT.clear()
