@@ -1,6 +1,7 @@
 """A plain training loop with live recovery: its own model, optimizer, LR scheduler and data,
-wrapped by ``ddp.wrapper``'s ``DistributedDataParallel`` or torch's, and the lines marked
-``# recovery`` from ``ddp.recovery.api``. Start the coordinator, then one process per replica,
+wrapped by ``ddp.wrapper``'s ``DistributedDataParallel`` or torch's, and ten lines marked
+``# recovery`` for ``ddp.recovery.api`` (``--records`` is optional, for
+``python -m ddp.recovery.launch``). Start the coordinator, then one process per replica,
 all with the job's secret in their environment:
 
     export DDP_RECOVERY_SECRET=$(python -c 'import secrets; print(secrets.token_hex(16))')
@@ -52,27 +53,26 @@ def main() -> None:
     optim = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(optim, step_size=50, gamma=0.5)
     out = open(args.records, "a") if args.records else None  # noqa: SIM115 (closed at the end)
+    record = (lambda r: print(r.to_json(), file=out, flush=True)) if out else None  # optional
 
-    parts = {"net": net, "optim": optim, "sched": sched}  # recovery: what a joiner receives
+    def state_dict() -> dict:  # recovery: what a replica that joins receives
+        return {"net": net.state_dict(), "optim": optim.state_dict(), "sched": sched.state_dict()}
 
     def load_state_dict(state: dict) -> None:  # recovery
-        for name, part in parts.items():  # recovery
-            part.load_state_dict(state[name])  # recovery
+        net.load_state_dict(state["net"])  # recovery
+        optim.load_state_dict(state["optim"])  # recovery
+        sched.load_state_dict(state["sched"])  # recovery
 
-    record = (lambda r: print(r.to_json(), file=out, flush=True)) if out else None
-    manager = Manager(  # recovery
-        lambda: {name: part.state_dict() for name, part in parts.items()},
-        load_state_dict,
-        record=record,
-    )
+    manager = Manager(state_dict, load_state_dict, record=record)  # recovery
     if args.wrapper == "ours":
         from ddp.wrapper.distributed import DistributedDataParallel
     else:
         from torch.nn.parallel import DistributedDataParallel
-    model = DistributedDataParallel(net, process_group=manager.local_group)  # recovery: group
-    model = manager.wrap(model)  # recovery
+    # recovery, a changed line: the wrapper on the manager's group, its gradients averaged over
+    # the current quorum
+    model = manager.wrap(DistributedDataParallel(net, process_group=manager.local_group))
     opt = manager.optimizer(optim)  # recovery
-    while manager.step < args.steps:  # recovery: the manager counts committed steps
+    while manager.step < args.steps:  # recovery, changed: the manager counts committed steps
         opt.zero_grad()
         x, y = batch(manager.step + 1, args.batch)
         s = manager.batch_slice(args.batch)  # recovery: this replica's share

@@ -401,6 +401,8 @@ class Manager:
         return self.reports
 
     def _noticed(self, q: int, source: str, why: str) -> None:
+        if source == f"rank {self.replica}":  # its own notice, read back by the watcher first
+            source = "self"
         step = self.attempting or self.step + 1
         self._emit(FaultRecord(self.replica, q, step, time.time(), source, why))
         who = "this rank" if source == "self" else source
