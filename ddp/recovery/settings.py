@@ -1,8 +1,9 @@
 """What ``--recovery live`` accepts, checked where ``TrainConfig`` is validated. Torch-free.
 
 A live run keeps its state in memory and rebuilds its group per quorum, so what ties a run to
-one group or to the disk is refused with the flag to drop: torch's wrapper (its reducer waits
-inside C++, where an abort notice cannot reach it), the auto cap (it would re-probe the link in
+one group or to the disk is refused with the flag to drop: torch's wrapper (the demo's live
+loop reads our wrapper's timings; torch's DDP runs live through ``ddp.recovery.api``, as
+``examples/recovery_loop.py --wrapper torch`` does), the auto cap (it would re-probe the link in
 every quorum), comm hooks (bound to the group they were registered with), checkpoints and
 resume (healing replaces them), and ``--sync`` other than allreduce (nothing to recover).
 """
