@@ -89,8 +89,7 @@ class Liveness:
         self._lock = threading.Lock()
         self._sel = selectors.DefaultSelector()
         self._accepting_again = 0.0  # after an accept() error: when to listen again
-        self._last_said = 0.0
-        self._unsaid = 0
+        self._said: dict[str, tuple[float, int]] = {}  # kind -> (when said, how many since)
         threading.Thread(target=self._serve, daemon=True).start()
 
     def gone(self) -> dict[str, float]:
@@ -120,13 +119,19 @@ class Liveness:
             self._pending.pop(conn, None)
         self._drop(conn)
         self.refused += 1
+        self._say_limited("refused", f"liveness: refused a connection from {addr}: {why}")
+
+    def _say_limited(self, kind: str, text: str) -> None:
+        """At most one line of a kind per second: a flood of strangers is not a flood of
+        lines."""
         now = time.monotonic()
-        if now - self._last_said >= 1.0:  # a flood of strangers is not a flood of lines
-            more = f" (and {self._unsaid} more since the last such line)" if self._unsaid else ""
-            self.say(f"liveness: refused a connection from {addr}: {why}{more}")
-            self._last_said, self._unsaid = now, 0
+        when, unsaid = self._said.get(kind, (-1.0, 0))
+        if now - when >= 1.0:
+            more = f" (and {unsaid} more since the last such line)" if unsaid else ""
+            self.say(f"{text}{more}")
+            self._said[kind] = (now, 0)
         else:
-            self._unsaid += 1
+            self._said[kind] = (when, unsaid + 1)
 
     def _drop(self, conn: socket.socket) -> None:
         with contextlib.suppress(KeyError, ValueError):
@@ -148,7 +153,8 @@ class Liveness:
                     self._refuse(oldest, self._pending[oldest].addr, "dropped to free a file")
                 self._sel.unregister(self._server)
                 self._accepting_again = time.monotonic() + 0.1
-                self.say(f"liveness: accept() failed ({e.strerror}); members still watched")
+                text = f"liveness: accept() failed ({e.strerror}); members still watched"
+                self._say_limited("accept", text)
             return  # ECONNABORTED and the like: that client is gone, nothing to do
         conn.setblocking(False)
         with self._lock:

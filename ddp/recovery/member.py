@@ -169,10 +169,12 @@ class Member:
         self._register()
 
     def _beat(self, every_s: float, gen: int) -> None:
-        store = self.store.clone()
+        store = None
         failing_since = None
         while self.lost is None and gen == self._gen and not self._stop.is_set():
             try:
+                if store is None:
+                    store = self.store.clone()
                 store.add(keys.heartbeat(self.uid), 1)
                 failing_since = None
             except RuntimeError as e:  # the store did not answer: the coordinator may be gone
@@ -185,8 +187,7 @@ class Member:
                         gen,
                     )
                     return
-                with contextlib.suppress(RuntimeError):
-                    store = self.store.clone()
+                store = None  # a new connection next time
             self._stop.wait(every_s)
 
     def _coordinator_ended(self, gen: int, why: str | None) -> None:
