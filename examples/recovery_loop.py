@@ -6,7 +6,7 @@ all with the job's secret in their environment:
 
     export DDP_RECOVERY_SECRET=$(python -c 'import secrets; print(secrets.token_hex(16))')
     export DDP_RECOVERY_COORDINATOR=127.0.0.1:29500
-    python -m ddp.recovery.coordinator --port 29500 --world-size 3 &
+    python -m ddp.recovery.protocol.coordinator --port 29500 --world-size 3 &
     for r in 0 1 2; do RANK=$r python examples/recovery_loop.py & done
 
 Kill one (``kill -9``): the others go on at world 2 within a fraction of a second. Start it

@@ -31,16 +31,16 @@ What each part does, and why it is shaped so:
   through the step is the optimizer stepped, so no member applies a step another could not. A
   failed step is redone, with the same step number, in the next quorum.
 * ``start_quorum`` (``opt.zero_grad()``) enters a new quorum when the last one failed or ranks
-  joined: it builds the quorum's group and runs the heal exchange (``ddp.recovery.heal``), in
-  which whoever is behind receives a healthy member's ``state_dict()`` (tensors and JSON, never
+  joined: it builds the quorum's group and runs the heal exchange (``ddp.recovery.protocol.heal``),
+  in which whoever is behind receives a healthy member's ``state_dict()`` (tensors and JSON, never
   pickle) through ``load_state_dict``.
 * ``batch_slice(global_batch)`` splits the global batch over the current world (contiguous
   shards by group rank, the first ``global_batch % world`` one sample larger) and weights this
   replica's gradient by its share, so the averaged gradient is the global batch's mean whatever
   the world.
 
-The coordinator (``python -m ddp.recovery.coordinator``) must run first; its address and this
-replica's id come from the arguments or from ``DDP_RECOVERY_COORDINATOR`` and ``RANK``, the
+The coordinator (``python -m ddp.recovery.protocol.coordinator``) must run first; its address and
+this replica's id come from the arguments or from ``DDP_RECOVERY_COORDINATOR`` and ``RANK``, the
 job's secret from ``DDP_RECOVERY_SECRET`` (or the file ``DDP_RECOVERY_SECRET_FILE`` names),
 the same for the coordinator and every replica.
 
@@ -63,12 +63,18 @@ from torch import nn
 
 from ddp.flight.diagnosis import PeerFailure
 from ddp.flight.gloo_errors import error_meaning
-from ddp.recovery.group import build_group, keep_groups_past_exit
-from ddp.recovery.heal import Heal, heal
-from ddp.recovery.member import Member
-from ddp.recovery.protocol import Quorum
-from ddp.recovery.records import CommitRecord, FaultRecord, HealRecord, QuorumRecord, Record
-from ddp.recovery.waiting import QuorumLost, wait_work
+from ddp.recovery.protocol.group import build_group, keep_groups_past_exit
+from ddp.recovery.protocol.heal import Heal, heal
+from ddp.recovery.protocol.member import Member
+from ddp.recovery.protocol.messages import Quorum
+from ddp.recovery.protocol.records import (
+    CommitRecord,
+    FaultRecord,
+    HealRecord,
+    QuorumRecord,
+    Record,
+)
+from ddp.recovery.protocol.waiting import QuorumLost, wait_work
 
 __all__ = ["Manager", "ManagerConfig", "Optimizer", "process_start_time"]
 
@@ -105,7 +111,7 @@ class ManagerConfig:
         if not self.coordinator:
             raise ValueError(
                 f"no coordinator: pass coordinator='HOST:PORT' or set {COORDINATOR_ENV} "
-                "(start one with python -m ddp.recovery.coordinator)"
+                "(start one with python -m ddp.recovery.protocol.coordinator)"
             )
         host, _, port = self.coordinator.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -229,8 +235,8 @@ class Manager:
     """This process as one replica of a live job (see the module). ``state_dict()`` returns
     what a replica that joins or falls behind must receive (model, optimizer, the loop's own
     state: tensors, dicts, lists, tuples and JSON values); ``load_state_dict(state)`` takes it.
-    ``record``, if given, receives the protocol's typed records (``ddp.recovery.records``) as
-    they happen, from this thread or the member's watcher."""
+    ``record``, if given, receives the protocol's typed records (``ddp.recovery.protocol.records``)
+    as they happen, from this thread or the member's watcher."""
 
     def __init__(
         self,
@@ -361,7 +367,7 @@ class Manager:
     def close(self) -> None:
         """Finished: tell the coordinator (the quorum's end is then no fault), stop this
         member's threads and leave the quorums' groups to the process's exit, so that the
-        interpreter exits normally (``ddp.recovery.group.keep_groups_past_exit``)."""
+        interpreter exits normally (``ddp.recovery.protocol.group.keep_groups_past_exit``)."""
         self.member.done()
         self.member.stop()
         self.group, self._step_reduce = None, None

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from ddp.program.records import Record, load_attempts, log_name, parse_record_line
-from ddp.recovery.records import CommitRecord
-from ddp.recovery.timeline import figures, figures_line, timeline
+from ddp.recovery.drivers.timeline import figures, figures_line, timeline
+from ddp.recovery.protocol.records import CommitRecord
 
 __all__ = ["main"]
 
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     t_kill, extra, survivors_at = None, [], a.world_size - 1
     deadline = time.monotonic() + a.timeout
     try:
-        server = ["-m", "ddp.recovery.coordinator", "--port", str(port)]
+        server = ["-m", "ddp.recovery.protocol.coordinator", "--port", str(port)]
         hb = f"{a.heartbeat_timeout:g}"
         start(
             "coordinator", [*server, "--world-size", str(a.world_size), "--heartbeat-timeout", hb]

@@ -44,7 +44,7 @@ class ReducerSupport:
     """Mixin of ``ddp.wrapper.reducer.Reducer``; the attributes it reads are set there."""
 
     # How the end of backward waits for each bucket's collective. Live recovery replaces it
-    # with a wait that a peer's abort notice interrupts (ddp.recovery.waiting).
+    # with a wait that a peer's abort notice interrupts (ddp.recovery.protocol.waiting).
     wait_work: Callable[[Any], Any] = staticmethod(lambda work: work.wait())
 
     def register_comm_hook(self, state: object, hook: Callable) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ddp.program.records import read_rank_log
-from ddp.recovery.records import CommitRecord, HealRecord
+from ddp.recovery.protocol.records import CommitRecord, HealRecord
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "recovery_loop.py"
 STEPS = 300  # at 40 ms each: time for a replacement to join on a loaded host
@@ -100,7 +100,7 @@ def test_example_loop_survives_a_kill_and_heals_a_replacement(tmp_path, wrapper)
     try:
         start(
             "coordinator",
-            ["-m", "ddp.recovery.coordinator", "--port", str(port), "--world-size", "3"],
+            ["-m", "ddp.recovery.protocol.coordinator", "--port", str(port), "--world-size", "3"],
         )
         for r in range(3):
             replica(f"r{r}", r)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ddp.program.records import EndRecord, load_attempts
-from ddp.recovery.records import (
+from ddp.recovery.protocol.records import (
     CommitRecord,
     FaultRecord,
     HealRecord,

@@ -53,7 +53,7 @@ def live_records(result: LiveResult) -> list[Record]:
 
 def live_row(result: LiveResult) -> tuple[PathRow, dict]:
     """Ours (or torchft's, for a ``--recovery torchft`` run), and the figures of
-    :func:`ddp.recovery.timeline.figures` it came from."""
+    :func:`ddp.recovery.drivers.timeline.figures` it came from."""
     name = "torchft" if result.plan.recovery == "torchft" else "ours (live)"
     fault = result.moment("fault")
     if fault is None:
@@ -86,7 +86,7 @@ def restart_row(kill: KillResult | None) -> PathRow | None:
             firsts.append(log.steps[0].t0 + log.steps[0].step_ms / 1e3)
     to_commit = max(firsts) - kill.injection.end if firsts else None
     redone = None if start_step is None else kill.plan.at_step - 1 - start_step
-    # every rank's steps, as ddp.recovery.timeline.figures takes the live path's
+    # every rank's steps, as ddp.recovery.drivers.timeline.figures takes the live path's
     ref = [s.step_ms for log in kill.logs.get("reference", {}).values() for s in log.steps]
     step_ms = statistics.median(ref) if ref else None
     return PathRow("restart (kill --recover)", to_commit, None, redone, step_ms)

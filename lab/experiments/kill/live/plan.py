@@ -127,7 +127,7 @@ class LivePlan:
             return [
                 "python",
                 "-m",
-                "ddp.recovery.tft.lighthouse",
+                "ddp.recovery.drivers.tft.lighthouse",
                 "--port",
                 str(COORDINATOR_PORT),
                 "--min-replicas",
@@ -136,7 +136,7 @@ class LivePlan:
         return [
             "python",
             "-m",
-            "ddp.recovery.coordinator",
+            "ddp.recovery.protocol.coordinator",
             "--port",
             str(COORDINATOR_PORT),
             "--world-size",

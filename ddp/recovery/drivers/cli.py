@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ddp.recovery.protocol import SECRET_ENV, job_secret
+from ddp.recovery.protocol.messages import SECRET_ENV, job_secret
 
 __all__ = ["add_fault_arguments", "check_live_run"]
 
@@ -42,9 +42,9 @@ def _server(mode: str, world_size: int | None) -> str:
     """The command that starts what ``--coordinator`` points at."""
     if mode == "torchft":
         least = (world_size + 1) // 2 if world_size else "M"
-        return f"python -m ddp.recovery.tft.lighthouse --port 29510 --min-replicas {least}"
+        return f"python -m ddp.recovery.drivers.tft.lighthouse --port 29510 --min-replicas {least}"
     return (
-        f"{SECRET_ENV}=... python -m ddp.recovery.coordinator --port 29500 --world-size "
+        f"{SECRET_ENV}=... python -m ddp.recovery.protocol.coordinator --port 29500 --world-size "
         f"{world_size or 'N'}"
     )
 
@@ -66,7 +66,7 @@ def check_live_run(
             )
         return
     if mode == "torchft":
-        from ddp.recovery.tft import require_torchft
+        from ddp.recovery.drivers.tft import require_torchft
 
         require_torchft()
     if one_rank and not cfg.coordinator:

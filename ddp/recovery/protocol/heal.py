@@ -33,8 +33,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddp.recovery.member import Member
-from ddp.recovery.waiting import wait_work
+from ddp.recovery.protocol.member import Member
+from ddp.recovery.protocol.waiting import wait_work
 
 __all__ = ["Heal", "flatten", "heal", "state_digest", "unflatten"]
 

@@ -112,7 +112,7 @@ class keys:
 
     MEMBERS = "rec/members"  # every registration, one "<uid>\n" appended each
     LIVENESS = "rec/liveness"  # the coordinator's port for members' connections (liveness)
-    # A successor's store (ddp.recovery.succession): who arrived from which quorum, one
+    # A successor's store (ddp.recovery.protocol.succession): who arrived from which quorum, one
     # "<uid> <quorum id>\n" each, and the id of the first quorum it formed.
     SUCCESSION = "rec/succession"
     SUCCEEDED = "rec/succeeded"

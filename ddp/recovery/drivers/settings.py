@@ -48,6 +48,6 @@ def check_live(cfg: Any) -> None:
     if bad:
         raise ValueError(
             f"--recovery {cfg.recovery} cannot run with {', '.join(bad)} (live recovery keeps "
-            "state in memory and rebuilds the group per quorum; see ddp/recovery/settings.py): "
-            "drop it"
+            "state in memory and rebuilds the group per quorum; see "
+            "ddp/recovery/drivers/settings.py): drop it"
         )

@@ -4,15 +4,15 @@ Three store connections, so that no call waits behind another: the main one (reg
 quorums, check-in), the heartbeat thread's (a counter incremented every fifth of the timeout)
 and the watcher's, which blocks in ``store.wait`` on the notice key of the current quorum; and
 one idle connection per registration whose end tells the coordinator that this process died
-(``ddp.recovery.liveness``). Every way a quorum ends sets that key (an abort by a rank or by the
-coordinator, or "superseded" when ranks join), so the watcher learns of it within a store round
-trip, with no polling, and wakes every collective this rank is waiting on
-(``ddp.recovery.waiting``). A quorum superseded while this member still builds its group wakes
-the build too: the others may already build the newer one.
+(``ddp.recovery.protocol.liveness``). Every way a quorum ends sets that key (an abort by a rank or
+by the coordinator, or "superseded" when ranks join), so the watcher learns of it within a store
+round trip, with no polling, and wakes every collective this rank is waiting on
+(``ddp.recovery.protocol.waiting``). A quorum superseded while this member still builds its group
+wakes the build too: the others may already build the newer one.
 
 The coordinator is watched as well: its end of the idle connection closes when it dies, and
 the heartbeat thread's store calls fail when it cannot be reached. Either way the current
-quorum ends as after an abort, and a member takes over (``ddp.recovery.succession``): this
+quorum ends as after an abort, and a member takes over (``ddp.recovery.protocol.succession``): this
 member moves to the successor's store, registers again there under the same id and waits for
 the successor's first quorum. Only when no member can take over does it stop, at its next wait,
 with ``CoordinatorLost`` (exit code 5) instead of training on with nobody to notice a fault.
@@ -33,8 +33,8 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from ddp.flight.diagnosis import PeerFailure
-from ddp.recovery.liveness import hold, watch
-from ddp.recovery.protocol import (
+from ddp.recovery.protocol.liveness import hold, watch
+from ddp.recovery.protocol.messages import (
     ProtocolError,
     Quorum,
     job_secret,
@@ -42,7 +42,7 @@ from ddp.recovery.protocol import (
     parse_notice,
     replica_of,
 )
-from ddp.recovery.succession import bind_standby, find_successor, local_address, take_over
+from ddp.recovery.protocol.succession import bind_standby, find_successor, local_address, take_over
 
 __all__ = ["CoordinatorLost", "Member", "connect"]
 
@@ -68,7 +68,8 @@ def connect(address: str, timeout_s: float) -> dist.TCPStore:
         first = str(e).splitlines()[0][:120]
         raise PeerFailure(
             f"diagnosis: no recovery coordinator answered at {address} within {timeout_s:g} s "
-            f"({first}); start it first: python -m ddp.recovery.coordinator --port {port} ...",
+            f"({first}); start it first: python -m ddp.recovery.protocol.coordinator "
+            f"--port {port} ...",
             [],
         ) from None
 

@@ -1,12 +1,13 @@
-"""``python -m ddp.recovery.coordinator``: the store and the quorum of a ``--recovery live`` job.
+"""``python -m ddp.recovery.protocol.coordinator``: the store and the quorum of a ``--recovery
+live`` job.
 
 It runs apart from every rank (a process, or a container of its own in the lab), so no rank's
 death takes it along. It holds the ``TCPStore`` every rank connects to, and every few
 milliseconds (at once when a member's connection ends): reads new registrations, watches
 every member's heartbeat counter (a counter, not a timestamp: the coordinator's own clock
 judges staleness, so hosts' clocks need not agree) and every member's idle connection
-(``ddp.recovery.liveness``: its end is the process's death), and decides the next quorum
-(``ddp.recovery.quorum``):
+(``ddp.recovery.protocol.liveness``: its end is the process's death), and decides the next quorum
+(``ddp.recovery.protocol.quorum``):
 
 * an abort notice for the current quorum (posted by a rank whose collective failed, or by the
   coordinator itself for a member whose process is gone or whose heartbeat stopped) opens a
@@ -31,7 +32,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
-from ddp.recovery.protocol import (
+from ddp.recovery.protocol.messages import (
     ProtocolError,
     Quorum,
     check_address,
@@ -156,7 +157,7 @@ class Coordinator:
         return {u for u, dead in self.judged.items() if dead}
 
     def _after_abort(self, now: float, lost: set[str]) -> None:
-        from ddp.recovery.quorum import window_closed
+        from ddp.recovery.protocol.quorum import window_closed
 
         q = self.quorum.id
         checked = [u for u in self._log(keys.ready(q)) if u in self.quorum.members]
@@ -176,7 +177,7 @@ class Coordinator:
         return list(dict.fromkeys(uids))
 
     def _publish_if_any(self, survivors: list[str] | None) -> None:
-        from ddp.recovery.quorum import decide
+        from ddp.recovery.protocol.quorum import decide
 
         nxt = decide(self.quorum, expected=self.expected, joiners=self.waiting, survivors=survivors)
         if nxt is None:
@@ -296,7 +297,9 @@ def _wake_on(store, key_now: Callable[[], str | None], wake: threading.Event) ->
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ddp.recovery.coordinator", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m ddp.recovery.protocol.coordinator", description=__doc__
+    )
     p.add_argument(
         "--port", type=int, required=True, help="TCP port of the store (0: any free one)"
     )
@@ -370,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--world-size must be >= 2 for live recovery, got {args.world_size}")
     if not args.heartbeat_timeout > 0 or not args.window_ms > 0:
         p.error("--heartbeat-timeout and --window-ms must be > 0")
-    from ddp.recovery.protocol import job_secret
+    from ddp.recovery.protocol.messages import job_secret
 
     try:
         secret = job_secret()
@@ -380,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         store, _sock = listen_store(args.host, args.port)
     except OSError as e:
         p.error(f"cannot listen on {args.host}:{args.port}: {e.strerror}")
-    from ddp.recovery.liveness import Liveness
+    from ddp.recovery.protocol.liveness import Liveness
 
     wake = threading.Event()
     coord = Coordinator(

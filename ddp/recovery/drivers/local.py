@@ -28,9 +28,9 @@ from typing import IO
 
 from ddp.program.config import TrainConfig
 from ddp.program.records import EndRecord, Record, load_attempts, parse_record_line
-from ddp.recovery.protocol import SECRET_ENV, SECRET_FILE_ENV
-from ddp.recovery.records import CommitRecord, QuorumRecord, RecoveryVerdictRecord
-from ddp.recovery.timeline import figures, figures_line, timeline
+from ddp.recovery.drivers.timeline import figures, figures_line, timeline
+from ddp.recovery.protocol.messages import SECRET_ENV, SECRET_FILE_ENV
+from ddp.recovery.protocol.records import CommitRecord, QuorumRecord, RecoveryVerdictRecord
 
 __all__ = ["LocalJob", "run_local"]
 
@@ -81,7 +81,7 @@ class LocalJob:
         self._start(
             "coordinator",
             "-m",
-            "ddp.recovery.coordinator",
+            "ddp.recovery.protocol.coordinator",
             "--host",
             "127.0.0.1",  # this host only: nothing of a local job is reachable from outside
             "--port",
@@ -208,7 +208,7 @@ def _report(
     ok = codes_ok and len(digests) == 1 and len(ends) >= len(survivors) and bool(verdicts)
     ok = ok and all(v.holds for v in verdicts)
     if job.cfg.recovery == "torchft":  # its replicas compared from their step records
-        from ddp.recovery.tft.verdict import agreement
+        from ddp.recovery.drivers.tft.verdict import agreement
 
         holds, said = agreement(job.events)
         ok, message = ok and holds, f"{message}, {said}"
@@ -246,7 +246,7 @@ def run_local(cfg: TrainConfig, args: argparse.Namespace) -> int:
     # Records are followed live only to time a fault: a run without one reads them at the end.
     kind = LocalJob
     if cfg.recovery == "torchft":
-        from ddp.recovery.tft.lighthouse import TorchftJob as kind
+        from ddp.recovery.drivers.tft.lighthouse import TorchftJob as kind
     at = getattr(args, "kill_coordinator_at_step", None)
     job = kind(cfg, args.world_size, log_dir, follow=kill is not None or at is not None)
     try:

@@ -6,8 +6,8 @@ lab's network) and publishes it as ``rec/standby/<uid>``; the coordinator copies
 every quorum it signs. So each member knows, for the quorum it trains in, where every other
 member would serve, without asking anyone once the coordinator is gone.
 
-When a member notices the loss (``ddp.recovery.member``), it walks the members of its current
-quorum by replica, the same order on every member: the first candidate that is itself starts
+When a member notices the loss (``ddp.recovery.protocol.member``), it walks the members of its
+current quorum by replica, the same order on every member: the first candidate that is itself starts
 a ``TCPStore`` on its standby socket and a ``Successor`` in a thread of its own process; any
 other candidate is tried with a plain TCP connection first (a dead member's socket is closed by
 its kernel: refused at once, next candidate) and then as a store client. At the successor's
@@ -36,10 +36,10 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from ddp.recovery.coordinator import Coordinator, _wake_on, serve
-from ddp.recovery.liveness import Liveness
-from ddp.recovery.protocol import ProtocolError, Quorum, check_uid, keys
-from ddp.recovery.quorum import window_closed
+from ddp.recovery.protocol.coordinator import Coordinator, _wake_on, serve
+from ddp.recovery.protocol.liveness import Liveness
+from ddp.recovery.protocol.messages import ProtocolError, Quorum, check_uid, keys
+from ddp.recovery.protocol.quorum import window_closed
 
 __all__ = ["Successor", "bind_standby", "find_successor", "local_address", "take_over"]
 

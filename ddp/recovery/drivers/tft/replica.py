@@ -23,8 +23,8 @@ import torch.distributed as dist
 from torchft.checkpointing import HTTPTransport
 from torchft.process_group import ProcessGroupGloo
 
-from ddp.recovery.job import ReplicaJob
-from ddp.recovery.records import FaultRecord, HealRecord, QuorumRecord
+from ddp.recovery.drivers.job import ReplicaJob
+from ddp.recovery.protocol.records import FaultRecord, HealRecord, QuorumRecord
 
 __all__ = [
     "Configured",
@@ -129,11 +129,11 @@ def state_bytes(state: Any) -> int:
 def manager_allreduce_hook(
     state: Any, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
-    """``state`` is a ``ddp.recovery.tft.rank.Replica``. The manager averages over the replicas
-    taking part (a replica healing this step contributes zeros) and never raises: a failed
-    allreduce is reported to it (``errored()``) and the step will not commit. Its averaging
-    callback runs only once the work is waited on, so the hook waits here (as torchft.ddp's
-    does); the buckets are then reduced one after the other."""
+    """``state`` is a ``Replica``. The manager averages over the replicas taking part (a replica
+    healing this step contributes zeros) and never raises: a failed allreduce is reported to it
+    (``errored()``) and the step will not commit. Its averaging callback runs only once the work is
+    waited on, so the hook waits here (as torchft.ddp's does); the buckets are then reduced one
+    after the other."""
     manager = state.manager
     buf = bucket.buffer()
     manager.allreduce(buf).wait()

@@ -15,8 +15,8 @@ end-of-file (``watch``). A coordinator that stops on purpose (the run finished, 
 refused) first sends ``bye <why>`` on every connection, so that only a death reads as one.
 
 The door is locked: a greeting is ``<proof> <member id>\\n`` where the proof is an HMAC of the
-id under the job's secret (``ddp.recovery.protocol.job_secret``); a connection whose first line
-is longer than ``MAX_LINE`` bytes, does not come within the greeting timeout, carries a wrong
+id under the job's secret (``ddp.recovery.protocol.messages.job_secret``); a connection whose first
+line is longer than ``MAX_LINE`` bytes, does not come within the greeting timeout, carries a wrong
 proof, or names a member id that never registered (or one already connected) is closed and
 counted as nothing. An ``accept()`` that fails (EMFILE: out of file descriptors) drops the
 oldest connection still waiting to greet and pauses accepting for a moment; the members'
@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ddp.recovery.protocol import MAX_LINE, check_uid
+from ddp.recovery.protocol.messages import MAX_LINE, check_uid
 
 __all__ = ["Liveness", "greeting", "hold", "watch"]
 

@@ -6,7 +6,8 @@ the collective's future sets when it completes, and that the member's watcher se
 member posts an abort for this quorum. A rank next to a killed peer sees gloo's error within
 milliseconds and posts the abort; the others, whose own collective would sit until gloo's
 timeout, leave as soon as the notice arrives. The abandoned collective stays with the old
-group, which is never destroyed (``ddp.recovery.group``); its gloo thread times out on its own.
+group, which is never destroyed (``ddp.recovery.protocol.group``); its gloo thread times out on its
+own.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from ddp.flight.gloo_errors import error_meaning
-from ddp.recovery.member import Member
+from ddp.recovery.protocol.member import Member
 
 __all__ = ["QuorumLost", "wait_work"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ddp.recovery.protocol import Quorum, replica_of
+from ddp.recovery.protocol.messages import Quorum, replica_of
 
 __all__ = ["decide", "window_closed"]
 
