@@ -39,16 +39,16 @@ from ddp.program.records import (
     load_run,
     parse_record_line,
 )
-from ddp.recovery.records import (
+from ddp.recovery.drivers.tft.verdict import agreement as torchft_agreement
+from ddp.recovery.drivers.timeline import figures as recovery_figures
+from ddp.recovery.drivers.timeline import timeline as recovery_timeline
+from ddp.recovery.protocol.records import (
     CommitRecord,
     FaultRecord,
     HealRecord,
     QuorumRecord,
     RecoveryVerdictRecord,
 )
-from ddp.recovery.tft.agree import agreement as torchft_agreement
-from ddp.recovery.timeline import figures as recovery_figures
-from ddp.recovery.timeline import timeline as recovery_timeline
 from ddp.report import (
     REPORT_NAME,
     TB_MISSING,

@@ -19,7 +19,6 @@ import ast
 from functools import cache
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 _PROTOCOL = {"coordinator", "quorum", "member", "liveness", "group", "heal", "protocol", "waiting"}
@@ -76,11 +75,6 @@ def test_lab_report_imports_no_experiment():
     assert not found, "lab/report must import no experiment:\n" + "\n".join(found)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="the recovery protocol still imports ddp.program until ddp/recovery is split into "
-    "the protocol, the public API and the demo program's driver",
-)
 def test_recovery_protocol_imports_no_program():
     recovery = ROOT / "ddp" / "recovery"
     protocol = [

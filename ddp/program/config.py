@@ -134,8 +134,8 @@ class TrainConfig:
     )
     coordinator: str | None = _opt(
         None,
-        "HOST:PORT of the live-recovery coordinator (python -m ddp.recovery.coordinator), "
-        "or with --recovery torchft of torchft's lighthouse (python -m ddp.recovery.tft."
+        "HOST:PORT of the live-recovery coordinator (python -m ddp.recovery.protocol.coordinator), "
+        "or with --recovery torchft of torchft's lighthouse (python -m ddp.recovery.drivers.tft."
         "lighthouse); python -m ddp starts one itself",
         "fault",
         metavar="HOST:PORT",
@@ -270,7 +270,7 @@ class TrainConfig:
             )
 
         if self.recovery != "restart" or self.coordinator:
-            from ddp.recovery.settings import check_live  # torch-free
+            from ddp.recovery.drivers.settings import check_live  # torch-free
 
             check_live(self)
 

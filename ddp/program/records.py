@@ -155,7 +155,7 @@ def _from_dict(data: Any) -> Record | None:
         raise ValueError("not a record (no 'event')")
     kind = _TYPES.get(data["event"])
     if kind is None:  # live recovery's events (imported here: they subclass Record)
-        from ddp.recovery.records import KINDS
+        from ddp.recovery.protocol.records import KINDS
 
         kind = KINDS.get(data["event"])
     if kind is None:

@@ -228,7 +228,7 @@ class Reducer:
     """
 
     # How the end of backward waits for each bucket's collective. Live recovery replaces it
-    # with a wait that a peer's abort notice interrupts (ddp.recovery.waiting).
+    # with a wait that a peer's abort notice interrupts (ddp.recovery.protocol.waiting).
     wait_work: Callable[[Any], Any] = staticmethod(lambda work: work.wait())
 
     def __init__(

@@ -11,8 +11,8 @@ from datetime import timedelta
 import pytest
 from torch.distributed import TCPStore
 
-from ddp.recovery.coordinator import Coordinator
-from ddp.recovery.protocol import Quorum, keys
+from ddp.recovery.protocol.coordinator import Coordinator
+from ddp.recovery.protocol.messages import Quorum, keys
 
 SECRET = b"0123456789abcdef-test"
 
@@ -122,7 +122,7 @@ def test_coordinator_refuses_when_fewer_than_half_check_in(store):
 
 @pytest.mark.timeout(30)
 def test_a_closed_connection_aborts_at_once_and_the_window_does_not_wait_for_it(store):
-    from ddp.recovery.liveness import Liveness, hold
+    from ddp.recovery.protocol.liveness import Liveness, hold
 
     m = _Members(store)
     # a heartbeat timeout and a window far longer than the test: only the connection decides

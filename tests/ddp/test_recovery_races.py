@@ -11,12 +11,12 @@ from datetime import timedelta
 import pytest
 from torch.distributed import TCPStore
 
-from ddp.recovery.coordinator import Coordinator
-from ddp.recovery.group import build_group
-from ddp.recovery.liveness import Liveness
-from ddp.recovery.member import Member
-from ddp.recovery.protocol import Quorum, keys
-from ddp.recovery.waiting import QuorumLost
+from ddp.recovery.protocol.coordinator import Coordinator
+from ddp.recovery.protocol.group import build_group
+from ddp.recovery.protocol.liveness import Liveness
+from ddp.recovery.protocol.member import Member
+from ddp.recovery.protocol.messages import Quorum, keys
+from ddp.recovery.protocol.waiting import QuorumLost
 
 SECRET = b"races-test-secret-0123456789"
 

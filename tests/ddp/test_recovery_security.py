@@ -1,5 +1,5 @@
 """The coordinator's doors, probed as a stranger would: real sockets against a real
-``python -m ddp.recovery.coordinator`` process, with two real member processes registered.
+``python -m ddp.recovery.protocol.coordinator`` process, with two real member processes registered.
 Each probe is refused, and afterwards the death of a member is still noticed at once. Also:
 what a local job listens on (loopback only), and a member killed between its registration
 writes."""
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from torch.distributed import TCPStore
 
-from ddp.recovery.liveness import greeting
-from ddp.recovery.protocol import SECRET_ENV, keys
+from ddp.recovery.protocol.liveness import greeting
+from ddp.recovery.protocol.messages import SECRET_ENV, keys
 
 SECRET = "test-secret-0123456789abcdef"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", SECRET_ENV: SECRET}
@@ -31,7 +31,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", SECRET_ENV: SECRET}
 _MEMBER = """
 import logging, sys, time
 logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stdout)
-from ddp.recovery.member import Member
+from ddp.recovery.protocol.member import Member
 def noticed(q, source, why):
     print("notice", q, why, flush=True)
 m = Member(sys.argv[1], int(sys.argv[2]), 30.0, 30.0, noticed)
@@ -55,7 +55,7 @@ class _Job:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
         # --port 0: the store takes a free port and says which (no race for a free port)
-        argv = [sys.executable, "-m", "ddp.recovery.coordinator", "--port", "0"]
+        argv = [sys.executable, "-m", "ddp.recovery.protocol.coordinator", "--port", "0"]
         argv += ["--world-size", "2", "--heartbeat-timeout", "30", "--timeout", "80"]
         self.coordinator = subprocess.Popen(
             argv,
@@ -219,5 +219,5 @@ def test_a_local_job_listens_on_loopback_only(job):
     coordinator = listening(job.coordinator.pid)
     assert len(coordinator) == 2, out  # the store and the members' connections
     members = [a for p, _ in job.members.values() for a in listening(p.pid)]
-    assert len(members) == 2, out  # each member's standby socket (ddp.recovery.succession)
+    assert len(members) == 2, out  # each member's standby socket (ddp.recovery.protocol.succession)
     assert all(a.startswith("127.0.0.1:") for a in coordinator + members), out

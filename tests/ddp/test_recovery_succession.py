@@ -14,7 +14,7 @@ import time
 import pytest
 
 from ddp.program.records import EndRecord, load_attempts
-from ddp.recovery.records import CommitRecord, QuorumRecord, RecoveryVerdictRecord
+from ddp.recovery.protocol.records import CommitRecord, QuorumRecord, RecoveryVerdictRecord
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -67,15 +67,15 @@ def test_without_a_successor_a_member_stops_with_exit_code_5(tmp_path):
     """One member registered, no quorum yet (so no standby addresses in any quorum): the
     coordinator's death is noticed, and the member stops in one line instead of waiting."""
     from ddp.program.outcome import run_guarded
-    from ddp.recovery.member import CoordinatorLost, Member
-    from ddp.recovery.protocol import SECRET_ENV
+    from ddp.recovery.protocol.member import CoordinatorLost, Member
+    from ddp.recovery.protocol.messages import SECRET_ENV
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     secret = "another-test-secret-0123456789"
     env = {**ENV, SECRET_ENV: secret}
-    argv = [sys.executable, "-m", "ddp.recovery.coordinator", "--port", str(port)]
+    argv = [sys.executable, "-m", "ddp.recovery.protocol.coordinator", "--port", str(port)]
     coordinator = subprocess.Popen(
         [*argv, "--world-size", "2", "--timeout", "50"],
         env=env,

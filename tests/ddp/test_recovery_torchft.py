@@ -17,10 +17,14 @@ import pytest
 
 from ddp.__main__ import main
 from ddp.program.records import EndRecord, StepRecord, load_attempts
-from ddp.recovery.records import CommitRecord, HealRecord, QuorumRecord, RecoveryVerdictRecord
-from ddp.recovery.tft import MISSING
-from ddp.recovery.tft.agree import agreement
-from ddp.recovery.tft.verdict import judge_history
+from ddp.recovery.drivers.tft import MISSING
+from ddp.recovery.drivers.tft.verdict import agreement, judge_history
+from ddp.recovery.protocol.records import (
+    CommitRecord,
+    HealRecord,
+    QuorumRecord,
+    RecoveryVerdictRecord,
+)
 
 needs_torchft = pytest.mark.skipif(
     importlib.util.find_spec("torchft") is None, reason="torchft not installed ([torchft] extra)"

@@ -52,7 +52,7 @@ def test_the_command_line_builds_a_live_plan_and_its_restart_path():
     )
     assert p.train == LIVE_TRAIN and p.cluster_layout.nodes == 5 and p.coordinator_node == 4
     argv = p.coordinator_argv()
-    assert argv[:3] == ["python", "-m", "ddp.recovery.coordinator"]
+    assert argv[:3] == ["python", "-m", "ddp.recovery.protocol.coordinator"]
     assert argv[argv.index("--world-size") + 1] == "4"
     assert p.config("10.0.0.5:29500").coordinator == "10.0.0.5:29500"
     restart = p.restart_plan()  # the same job, checkpointed, every rank restarted

@@ -167,7 +167,7 @@ class LivePlan:
             return [
                 "python",
                 "-m",
-                "ddp.recovery.tft.lighthouse",
+                "ddp.recovery.drivers.tft.lighthouse",
                 "--port",
                 str(COORDINATOR_PORT),
                 "--min-replicas",
@@ -176,7 +176,7 @@ class LivePlan:
         return [
             "python",
             "-m",
-            "ddp.recovery.coordinator",
+            "ddp.recovery.protocol.coordinator",
             "--port",
             str(COORDINATOR_PORT),
             "--world-size",

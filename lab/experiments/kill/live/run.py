@@ -3,7 +3,7 @@ fault injected when the target's records say so, a replacement started once the 
 committed a step without it (``--rejoin``); then, on fresh containers, the restart path.
 
 The jobs are followed only through their typed records (the fault's trigger, the survivors'
-first commit at the smaller world, the end): :mod:`ddp.recovery.records`.
+first commit at the smaller world, the end): :mod:`ddp.recovery.protocol.records`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import secrets
 import time
 from collections.abc import Callable
 
-from ddp.recovery.protocol import SECRET_ENV
+from ddp.recovery.protocol.messages import SECRET_ENV
 from ddp.torchfree import CommitRecord, load_attempts
 from lab.engine.client import RunTimeout, connect
 from lab.engine.cluster import Cluster
@@ -111,7 +111,7 @@ def _live(cluster: Cluster, plan: LivePlan, fault: Fault, echo: _Echo) -> list[M
     assert plan.run_timeout_s is not None
     follow = _Echo2(plan, echo)
     # The coordinator listens on its address on the run's network only; the job's secret goes
-    # to it and to every rank in the environment (ddp.recovery.protocol.job_secret).
+    # to it and to every rank in the environment (ddp.recovery.protocol.messages.job_secret).
     host = cluster.address(plan.coordinator_node)
     argv = {plan.coordinator_node: plan.coordinator_argv()}
     env = None

@@ -1,0 +1,529 @@
+"""Live recovery for any training loop: a ``Manager`` and an optimizer wrapper.
+
+The loop keeps its own model, optimizer, data and wrapper (``ddp.wrapper``'s
+``DistributedDataParallel`` or torch's); it adds about ten lines::
+
+    manager = Manager(state_dict, load_state_dict)  # what a joiner must receive
+    model = manager.wrap(DistributedDataParallel(net, process_group=manager.local_group))
+    opt = manager.optimizer(torch.optim.SGD(net.parameters(), lr=0.1))
+    while manager.step < steps:
+        opt.zero_grad()  # enters the current quorum; heals this replica if it is behind
+        x, y = batch(manager.step + 1)  # the global batch of the step under way
+        s = manager.batch_slice(len(x))  # this replica's share of it
+        loss_fn(model(x[s]), y[s]).backward()  # gradients averaged over the quorum
+        opt.step()  # applied only if every member voted to commit the step
+    manager.close()
+
+What each part does, and why it is shaped so:
+
+* The quorum (who trains the next step) changes when a replica dies or joins, so no process
+  group can outlive it. The wrapper is built once on a one-rank ``local_group`` (its own
+  construction sync and bucket rebuild stay in this process) and ``wrap`` registers a comm hook
+  that averages the step's gradients over the current quorum's gloo group: the wrapper never
+  needs re-pointing, for ours and torch's alike (torchft drives torch's DDP the same way).
+* The hook sends one allreduce per step, at the last bucket, of every gradient in the order of
+  ``model.parameters()``: the bucket plans of two replicas may differ (a replacement has not
+  rebuilt its buckets yet when its peers have), their parameter order never does.
+* The hook never raises and never waits: its future completes when the allreduce does, or at
+  once when any member posts an abort (a dead or stalled peer), so no wait inside torch's C++
+  reducer can hang on a lost peer. The step then fails its commit vote.
+* ``should_commit`` (``opt.step()``) is the commit vote: one all-gather; only if every member got
+  through the step is the optimizer stepped, so no member applies a step another could not. A
+  failed step is redone, with the same step number, in the next quorum.
+* ``start_quorum`` (``opt.zero_grad()``) enters a new quorum when the last one failed or ranks
+  joined: it builds the quorum's group and runs the heal exchange (``ddp.recovery.protocol.heal``),
+  in which whoever is behind receives a healthy member's ``state_dict()`` (tensors and JSON, never
+  pickle) through ``load_state_dict``.
+* ``batch_slice(global_batch)`` splits the global batch over the current world (contiguous
+  shards by group rank, the first ``global_batch % world`` one sample larger) and weights this
+  replica's gradient by its share, so the averaged gradient is the global batch's mean whatever
+  the world.
+
+The coordinator (``python -m ddp.recovery.protocol.coordinator``) must run first; its address and
+this replica's id come from the arguments or from ``DDP_RECOVERY_COORDINATOR`` and ``RANK``, the
+job's secret from ``DDP_RECOVERY_SECRET`` (or the file ``DDP_RECOVERY_SECRET_FILE`` names),
+the same for the coordinator and every replica.
+
+No ``from __future__ import annotations`` here: the wrappers compare the comm hook's
+annotations with ``dist.GradBucket`` and ``Future[Tensor]`` objects.
+"""
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp.flight.diagnosis import PeerFailure
+from ddp.flight.gloo_errors import error_meaning
+from ddp.recovery.protocol.group import build_group, keep_groups_past_exit
+from ddp.recovery.protocol.heal import Heal, heal
+from ddp.recovery.protocol.member import Member
+from ddp.recovery.protocol.messages import Quorum
+from ddp.recovery.protocol.records import (
+    CommitRecord,
+    FaultRecord,
+    HealRecord,
+    QuorumRecord,
+    Record,
+)
+from ddp.recovery.protocol.waiting import QuorumLost, wait_work
+
+__all__ = ["Manager", "ManagerConfig", "Optimizer", "process_start_time"]
+
+log = logging.getLogger("ddp")
+
+COORDINATOR_ENV = "DDP_RECOVERY_COORDINATOR"
+
+
+def process_start_time() -> float:
+    """Wall-clock time this process started (Linux: from /proc), else now."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(float(line.split()[1]) for line in f if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+@dataclass
+class ManagerConfig:
+    """Where the coordinator is, who this replica is, and how long to wait for whom.
+    ``heartbeat_timeout_s`` is how long a silent member is waited for before the coordinator
+    drops it; ``timeout_s`` bounds every collective and every wait for a quorum."""
+
+    coordinator: str | None = None
+    replica: int | None = None
+    heartbeat_timeout_s: float = 2.0
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        self.coordinator = self.coordinator or os.environ.get(COORDINATOR_ENV)
+        if not self.coordinator:
+            raise ValueError(
+                f"no coordinator: pass coordinator='HOST:PORT' or set {COORDINATOR_ENV} "
+                "(start one with python -m ddp.recovery.protocol.coordinator)"
+            )
+        host, _, port = self.coordinator.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"coordinator must be HOST:PORT, got {self.coordinator!r}")
+        if self.replica is None:
+            if not os.environ.get("RANK", "").isdigit():
+                raise ValueError("no replica id: pass replica=N or set RANK to this process's id")
+            self.replica = int(os.environ["RANK"])
+        if self.replica < 0:
+            raise ValueError(f"replica must be >= 0, got {self.replica}")
+        if not self.heartbeat_timeout_s > 0 or not self.timeout_s > 0:
+            raise ValueError("heartbeat_timeout_s and timeout_s must be > 0")
+
+
+# What gloo's transport says when a peer is gone or silent. Anything else is a bug and is
+# raised as one.
+_GLOO_FAULTS = (
+    "gloo/transport",
+    "connection closed",
+    "connection reset",
+    "timed out",
+    "broken pipe",
+)
+
+
+def _comm_error(e: BaseException) -> bool:
+    text = str(e).lower()
+    return any(w in text for w in _GLOO_FAULTS)
+
+
+class _Alarm(threading.Event):
+    """An event that also calls ``fn`` when set: the member's abort notice sets it."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        super().__init__()
+        self._fn = fn
+
+    def set(self) -> None:
+        super().set()
+        self._fn()
+
+
+class _StepAllreduce:
+    """The gradients of one step, averaged over the quorum by one allreduce, in parameter order;
+    every bucket's future completes when it does or when the quorum is aborted."""
+
+    def __init__(self, manager: "Manager") -> None:
+        self.manager = manager
+        self.buckets: list[tuple[dist.GradBucket, torch.futures.Future]] = []
+        self._lock = threading.Lock()
+        self._done = False
+        self._waking = contextlib.ExitStack()
+
+    def add(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        self.buckets.append((bucket, fut))
+        return fut
+
+    def launch(self) -> None:
+        m = self.manager
+        index = m._index
+        grads = sorted(
+            (
+                (index[id(p)], g)
+                for b, _ in self.buckets
+                for p, g in zip(b.parameters(), b.gradients(), strict=True)
+            ),
+            key=lambda pair: pair[0],
+        )
+        self.views = [g for _, g in grads]
+        self.flat = torch.cat([g.reshape(-1) for g in self.views]).mul_(m._weight)
+        member = m.member
+        self._waking.enter_context(member.waking(_Alarm(self._aborted)))
+        if member.abort is not None or m._error is not None:
+            self._aborted()
+            return
+        try:
+            work = m.group.allreduce([self.flat])
+        except RuntimeError as e:
+            self._finish(e)
+            return
+        work.get_future().add_done_callback(self._completed)
+
+    def _aborted(self) -> None:
+        abort = self.manager.member.abort
+        why = abort or {"why": "the quorum ended", "by": "self"}
+        self._finish(QuorumLost(why["why"], why["by"]))
+
+    def _completed(self, fut: torch.futures.Future) -> None:
+        try:
+            fut.value()
+        except RuntimeError as e:
+            self._finish(e)
+            return
+        self._finish(None)
+
+    def _finish(self, error: BaseException | None) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        if error is None:
+            offset = 0
+            for g in self.views:
+                n = g.numel()
+                g.copy_(self.flat[offset : offset + n].view_as(g))
+                offset += n
+        elif self.manager._error is None:
+            self.manager._error = error
+        self._waking.close()
+        for b, fut in self.buckets:
+            fut.set_result(b.buffer())
+
+
+def _allreduce_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The comm hook ``Manager.wrap`` registers (``state`` is the manager)."""
+    return state._bucket(bucket)
+
+
+class Manager:
+    """This process as one replica of a live job (see the module). ``state_dict()`` returns
+    what a replica that joins or falls behind must receive (model, optimizer, the loop's own
+    state: tensors, dicts, lists, tuples and JSON values); ``load_state_dict(state)`` takes it.
+    ``record``, if given, receives the protocol's typed records (``ddp.recovery.protocol.records``)
+    as they happen, from this thread or the member's watcher."""
+
+    def __init__(
+        self,
+        state_dict: Callable[[], Any],
+        load_state_dict: Callable[[Any], None],
+        *,
+        record: Callable[[Record], None] | None = None,
+        **config: Any,
+    ) -> None:
+        self.config = ManagerConfig(**config)
+        self.replica: int = self.config.replica  # type: ignore[assignment]
+        self.started_t = process_start_time()
+        self._state_dict, self._load_state_dict = state_dict, load_state_dict
+        self._record, self._record_lock = record, threading.Lock()
+        self.step = 0  # the last step committed
+        self.attempting: int | None = None  # the step under way, until it commits or fails
+        self.quorum: Quorum | None = None
+        self.group: dist.ProcessGroup | None = None  # the current quorum's gloo group
+        self.group_rank = 0
+        self.last_heal: Heal | None = None  # what the newest quorum's heal exchange found
+        self.reports: torch.Tensor | None = None  # every member's row of the last vote
+        self.failed = 0  # attempts that did not commit
+        self.quorums = 0  # quorums entered
+        self._live = False  # in a quorum that has not failed
+        self._agreed = 0  # the newest quorum id every member of the current one knows of
+        self._error: BaseException | None = None  # this step's gradient allreduce failed
+        self._weight = 1.0
+        self._index: dict[int, int] = {}  # id(parameter) -> its place in the model
+        self._step_reduce: _StepAllreduce | None = None
+        self.member = Member(
+            self.config.coordinator,  # type: ignore[arg-type]
+            self.replica,
+            self.config.heartbeat_timeout_s,
+            self.config.timeout_s,
+            self._noticed,
+        )
+
+    # -- what the loop asks ---------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        """Members of the current quorum (0 before the first)."""
+        return self.quorum.world_size if self.quorum is not None else 0
+
+    @property
+    def local_group(self) -> dist.ProcessGroup:
+        """A one-rank group to build the wrapper on (its own collectives stay local; the
+        gradients go through ``wrap``'s hook)."""
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        if dist.get_world_size() != 1:
+            raise ValueError(
+                "the default process group has several ranks: with live recovery the manager "
+                "builds one group per quorum; do not call init_process_group yourself"
+            )
+        return dist.group.WORLD
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """Average ``model``'s gradients over the current quorum: ``model`` is a wrapper with
+        ``register_comm_hook`` (ours, or torch's DDP) built on ``local_group``. Returns it."""
+        self._index = {id(p): i for i, p in enumerate(model.parameters())}
+        model.register_comm_hook(self, _allreduce_hook)
+        return model
+
+    def optimizer(self, optim: torch.optim.Optimizer) -> "Optimizer":
+        """``optim`` wrapped: ``zero_grad`` starts the quorum, ``step`` commits."""
+        return Optimizer(self, optim)
+
+    def batch_slice(self, global_batch: int) -> slice:
+        """This replica's contiguous share of a global batch of ``global_batch`` samples; its
+        gradient is weighted by its share, so unequal shards average to the global mean."""
+        world, rank = self.world_size, self.group_rank
+        base, extra = divmod(global_batch, world)
+        start, size = rank * base + min(rank, extra), base + (1 if rank < extra else 0)
+        if size == 0:
+            raise ValueError(
+                f"a global batch of {global_batch} leaves rank {rank} of {world} empty"
+            )
+        self._weight = size / global_batch
+        return slice(start, start + size)
+
+    # -- the step --------------------------------------------------------------------------
+
+    def start_quorum(self) -> None:
+        """Before a step: enter a new quorum if the last one failed or ranks joined (healing
+        this replica if it is behind); ``PeerFailure`` if the coordinator stopped the job."""
+        while not self._live or self._agreed > self.quorum.id:  # type: ignore[union-attr]
+            try:
+                self._enter()
+            except PeerFailure:
+                raise
+            except RuntimeError as e:
+                self._lost(e)
+        self.attempting = self.step + 1
+        self._weight = 1.0 / self.world_size
+        self._error = None
+
+    def should_commit(self, report: Sequence[float] = ()) -> bool:
+        """The commit vote of the step under way; True: every member got through it, apply
+        it. ``report``: numbers every member adds to the vote (the same count on each); all
+        rows are in ``reports`` afterwards. False: the step is redone in the next quorum."""
+        step = self.attempting
+        try:
+            if self._error is not None:
+                raise self._error
+            self._gather(report, f"commit vote of step {step}")
+        except PeerFailure:  # the coordinator stopped the job, or is lost: the run is over
+            raise
+        except RuntimeError as e:
+            self._lost(e)
+            return False
+        self.step, self.attempting = step, None  # type: ignore[assignment]
+        q = self.quorum
+        self._emit(CommitRecord(self.replica, step, q.id, q.world_size, True, time.time()))
+        return True
+
+    def exchange(self, report: Sequence[float]) -> torch.Tensor | None:
+        """Every member's ``report`` outside a vote (e.g. a check after the last step); None
+        if the quorum failed meanwhile."""
+        try:
+            return self._gather(report, "a report exchange")
+        except PeerFailure:
+            raise
+        except RuntimeError as e:
+            self._lost(e)
+            return None
+
+    def close(self) -> None:
+        """Finished: tell the coordinator (the quorum's end is then no fault), stop this
+        member's threads and leave the quorums' groups to the process's exit, so that the
+        interpreter exits normally (``ddp.recovery.protocol.group.keep_groups_past_exit``)."""
+        self.member.done()
+        self.member.stop()
+        self.group, self._step_reduce = None, None
+        keep_groups_past_exit()
+
+    def __enter__(self) -> "Manager":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- inside ----------------------------------------------------------------------------
+
+    def _emit(self, record: Record) -> None:
+        if self._record is not None:
+            with self._record_lock:
+                self._record(record)
+
+    def _bucket(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        if bucket.index() == 0 or self._step_reduce is None:
+            self._step_reduce = _StepAllreduce(self)
+        fut = self._step_reduce.add(bucket)
+        if bucket.is_last():
+            self._step_reduce.launch()
+        return fut
+
+    def _gather(self, report: Sequence[float], what: str) -> torch.Tensor:
+        mine = torch.tensor([self.member.latest, *report], dtype=torch.float64)
+        everyone = [torch.empty_like(mine) for _ in range(self.world_size)]
+        work = self.group.allgather([everyone], [mine])  # type: ignore[union-attr]
+        wait_work(work, self.member, self.config.timeout_s, what)
+        g = torch.stack(everyone)
+        # Only what every member gathered decides a switch: the watcher may hear of a new
+        # quorum between two gathers on one member and not on another.
+        self._agreed = max(self._agreed, int(g[:, 0].max()))
+        self.reports = g[:, 1:]
+        return self.reports
+
+    def _noticed(self, q: int, source: str, why: str) -> None:
+        if source == f"rank {self.replica}":  # its own notice, read back by the watcher first
+            source = "self"
+        step = self.attempting or self.step + 1
+        self._emit(FaultRecord(self.replica, q, step, time.time(), source, why))
+        who = "this rank" if source == "self" else source
+        log.warning(
+            f"[rank{self.replica}] quorum {q} failed at step {step}, noticed by {who}: {why}"
+        )
+
+    def _lost(self, e: RuntimeError) -> None:
+        """The current quorum failed: post the abort if this rank saw it first, record the
+        step that did not commit, check in for the next quorum."""
+        member = self.member
+        if not isinstance(e, QuorumLost):
+            if member.abort is None and not _comm_error(e):
+                raise e  # not a peer's fault: a bug, reported as such
+            abort = member.abort
+            e = (
+                QuorumLost(abort["why"], abort["by"])
+                if abort
+                else QuorumLost(error_meaning(str(e)), "self")
+            )
+        if member.abort is None:
+            member.post_abort(e.why)
+        if self.attempting is not None:
+            q = self.quorum
+            record = CommitRecord(
+                self.replica, self.attempting, q.id, q.world_size, False, time.time()
+            )
+            record.reason = member.abort["why"] if member.abort else e.why
+            self._emit(record)
+            self.failed += 1
+        self.attempting, self._live, self._error = None, False, None
+        member.check_in()
+
+    def _next_member_quorum(self) -> Quorum:
+        """The next quorum this member is in; a member left out of one it was in registers
+        again (it stalled or checked in late) and is then healed like a new rank."""
+        member = self.member
+        q = member.next_quorum()
+        while member.uid not in q.members:
+            was = member.left_out or (self.quorum is not None and member.uid in self.quorum.members)
+            member.skip_to(q.id)
+            if was:
+                why = f"left out of quorum {q.id} ({q.reason}): registering again, to be healed"
+                log.warning(f"[rank{self.replica}] {why}")
+                self._emit(FaultRecord(self.replica, q.id, self.step + 1, time.time(), "self", why))
+                member.rejoin()
+            q = member.next_quorum()
+        return q
+
+    def _enter(self) -> None:
+        member, timeout = self.member, self.config.timeout_s
+        q = self._next_member_quorum()
+        member.enter(q)
+        t_quorum = time.time()
+        self.quorum, self.group_rank = q, q.group_rank(member.uid)
+        self.group = build_group(member, q, timeout)
+        before = self.step
+        h = heal(
+            member, self.group, q.id, self.step, self._state_dict, self._load_state_dict, timeout
+        )
+        self.step, self.last_heal = h.step, h
+        if self.group_rank in h.healed:
+            src = q.replicas[h.source]
+            rec = HealRecord(
+                self.replica,
+                q.id,
+                self.step,
+                src,
+                h.nbytes,
+                h.seconds,
+                time.time(),
+                member.registered_at,
+                self.started_t,
+            )
+            self._emit(rec)
+            log.warning(
+                f"[rank{self.replica}] healed from rank {src}: step {before} -> {self.step}, "
+                f"{h.nbytes / 1e6:.2f} MB in {h.seconds * 1e3:.1f} ms"
+            )
+        lost = [int(u.split(".")[0]) for u in q.lost]
+        joined = [int(u.split(".")[0]) for u in q.joined]
+        rank = self.group_rank
+        self._emit(
+            QuorumRecord(
+                self.replica, q.id, q.replicas, q.world_size, rank, t_quorum, q.reason, lost, joined
+            )
+        )
+        self.quorums += 1
+        self._live = True
+
+
+class Optimizer:
+    """An optimizer under a ``Manager`` (torchft's ``OptimizerWrapper`` shape): ``zero_grad``
+    starts the step's quorum, ``step`` applies the update only if the commit vote passed and
+    says whether it did. The rest is the wrapped optimizer's."""
+
+    def __init__(self, manager: Manager, optim: torch.optim.Optimizer) -> None:
+        self.manager, self.optim = manager, optim
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.manager.start_quorum()
+        self.optim.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Callable[[], float] | None = None) -> bool:
+        if not self.manager.should_commit():
+            return False
+        self.optim.step(closure)
+        return True
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.optim.param_groups
+
+    def state_dict(self) -> dict:
+        return self.optim.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optim.load_state_dict(state)
