@@ -19,7 +19,6 @@ import ast
 from functools import cache
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[1]
 _PROTOCOL = {"coordinator", "quorum", "member", "liveness", "group", "heal", "protocol", "waiting"}
 
