@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp.program.reference import checksum
+from ddp.recovery.failpoints import failpoint
 from ddp.recovery.member import Member
 from ddp.recovery.protocol import keys
 from ddp.recovery.waiting import wait_work
@@ -91,10 +92,12 @@ def heal(
     if me == src:
         member.store.set(keys.history(qid), json.dumps(history))
         flat = torch.cat([t.reshape(-1) for t in flat_parts])
+        failpoint("heal.sending", step=top)
         for g in behind:
             wait_work(pg.send([flat], g, qid), member, timeout_s, f"heal send to group rank {g}")
     elif me in behind:
         flat = torch.empty(nbytes // 4, dtype=torch.float32)
+        failpoint("heal.receiving", step=top)
         wait_work(pg.recv([flat], src, qid), member, timeout_s, "heal receive")
         for t, piece in zip(flat_parts, flat.split([t.numel() for t in flat_parts]), strict=True):
             t.copy_(piece.view_as(t))

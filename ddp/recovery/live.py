@@ -23,6 +23,7 @@ from ddp.program.config import TrainConfig
 from ddp.program.parity import HEADER
 from ddp.program.records import EndRecord, RecordLog
 from ddp.program.reference import Reference, params_sha256
+from ddp.recovery.failpoints import failpoint
 from ddp.recovery.group import build_group
 from ddp.recovery.heal import heal
 from ddp.recovery.job import job_parts
@@ -48,6 +49,7 @@ def train_live(cfg: TrainConfig, replica: int, jlog: RecordLog, started_t: float
     """Train from wherever the quorum stands to ``cfg.steps``; True if the live verdict
     holds (every step committed once, replicas identical after each)."""
     run = LiveRun(**job_parts(cfg, replica, jlog, started_t))
+    failpoint("rank.registering")  # built (data, model, optimizer), not registered yet
     run.member = Member(
         cfg.coordinator,
         replica,

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from ddp.program.parity import StepRow
 from ddp.program.records import StepRecord
 from ddp.program.reference import Reference, checksum, max_param_diff
+from ddp.recovery.failpoints import failpoint
 from ddp.recovery.job import ReplicaJob
 from ddp.recovery.member import Member
 from ddp.recovery.protocol import Quorum
@@ -115,6 +116,7 @@ def run_step(run: LiveRun, step: int) -> None:
     g = _gather(run, f"commit vote of step {step}")
     if bool((g[:, 0] != 0).any()):
         raise QuorumLost(f"a member voted against step {step}", "self")
+    failpoint("step.voted", step=step)
     run.opt.step()  # committed: from here on this step counts
     run.step, run.attempting = step, None
     step_ms = (time.perf_counter() - t0) * 1e3
