@@ -58,7 +58,9 @@ class QuorumRecord(Record):
 class CommitRecord(Record):
     """Step ``step`` in quorum ``quorum_id``: committed (every member voted yes and this rank
     applied the optimizer step) or failed (no optimizer step; it is redone in the next
-    quorum), with ``reason``."""
+    quorum), with ``reason``. ``params_sha256``: the parameters right after a committed step,
+    so that a reader can tell whether every member that committed it holds the same weights
+    (None: not committed, or an older writer)."""
 
     event: ClassVar[str] = "commit"
     step: int
@@ -67,6 +69,7 @@ class CommitRecord(Record):
     committed: bool
     t: float
     reason: str = ""
+    params_sha256: str | None = None
 
 
 @dataclass

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from ddp.program.parity import StepRow
 from ddp.program.records import StepRecord
-from ddp.program.reference import Reference, checksum, max_param_diff
+from ddp.program.reference import Reference, checksum, max_param_diff, params_sha256
 from ddp.recovery.failpoints import failpoint
 from ddp.recovery.job import ReplicaJob
 from ddp.recovery.member import Member
@@ -121,7 +121,8 @@ def run_step(run: LiveRun, step: int) -> None:
     run.step, run.attempting = step, None
     step_ms = (time.perf_counter() - t0) * 1e3
     q = run.quorum
-    run.jlog.write(CommitRecord(run.replica, step, q.id, world, True, time.time()))
+    digest = params_sha256(run.module)
+    run.jlog.write(CommitRecord(run.replica, step, q.id, world, True, time.time(), "", digest))
     run.history.append({"step": step, "quorum": q.id, "world": world, "identical": None})
     run.history[-1]["diff"] = None
     _pending(run, step, share, step_ms, comm_ms, wall0)
