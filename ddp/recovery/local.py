@@ -13,6 +13,7 @@ them ended with bitwise-identical parameters.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import queue
 import signal
@@ -84,18 +85,25 @@ class LocalJob:
             timeout,
         )
 
-    def _start(self, name: str, *argv: str) -> subprocess.Popen:
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    def _start(self, name: str, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start process ``name``, in a process group of its own (``stop`` ends the group;
+        a Ctrl-C reaches only this launcher, which stops them all); ``env``: added to ours."""
+        env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
         p = subprocess.Popen(
-            [sys.executable, *argv], stdout=subprocess.PIPE, text=True, env=env, bufsize=1
+            [sys.executable, *argv],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            bufsize=1,
+            start_new_session=True,
         )
         self.procs[name] = p
         threading.Thread(target=_follow, args=(name, p.stdout, self.records), daemon=True).start()
         return p
 
-    def start_rank(self, rank: int, name: str) -> None:
+    def start_rank(self, rank: int, name: str, env: dict[str, str] | None = None) -> None:
         argv = ["--rank", str(rank), "--world-size", str(self.world), *self.rank_cfg.to_argv()]
-        self._start(name, "-m", "ddp", "train", *argv)
+        self._start(name, "-m", "ddp", "train", *argv, env=env)
 
     def ranks_running(self) -> bool:
         """Whether a rank still trains (a replacement still starting up when every other rank
@@ -119,9 +127,11 @@ class LocalJob:
             got.append((name, record))
 
     def stop(self) -> None:
+        """SIGKILL every process group still running (a stopped process too) and reap it."""
         for p in self.procs.values():
             if p.poll() is None:
-                p.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
             p.wait(timeout=10)
 
 
