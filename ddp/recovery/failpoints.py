@@ -9,8 +9,8 @@ writes a :class:`Fired` line to ``DDP_FAILPOINT_LOG`` (the campaign's clock of t
 sends itself SIGKILL (``kill``, the default) or SIGSTOP (``stop``: whoever reads the log sends
 SIGCONT). Each armed failpoint fires once.
 
-    DDP_FAILPOINT="step.voted@step=12"                 # SIGKILL after the vote of step 12
-    DDP_FAILPOINT="rank.registering:stop;heal.receiving"  # stop once started, die while healing
+    DDP_FAILPOINT="step.voted@step=12"                     # SIGKILL after the vote of step 12
+    DDP_FAILPOINT="rank.registering:stop;heal.receiving"   # held until SIGCONT, then dies healing
 
 Torch-free: the spec is read when this module is first imported.
 """
