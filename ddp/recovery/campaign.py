@@ -44,6 +44,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from ddp.program.config import TrainConfig
 from ddp.program.outcome import EXIT_CODES
@@ -187,12 +188,10 @@ class _Run:
     """One trial in progress: the job, the fault, and what happened when."""
 
     def __init__(self, trial: Trial, cfg: TrainConfig, log_dir: Path) -> None:
-        self.trial, self.log_dir = trial, log_dir
+        self.trial, self.cfg, self.log_dir = trial, cfg, log_dir
         self.fired_log = log_dir / "failpoints.jsonl"
-        log_dir.mkdir(parents=True)
-        # The processes' human-readable output (tables, tracebacks): kept beside the records.
-        self.output = open(log_dir / "output.txt", "w")  # noqa: SIM115 (closed after stop)
-        self.job = LocalJob(cfg, trial.world, str(log_dir), output=self.output)
+        self.output: IO[str] | None = None
+        self.job: LocalJob | None = None
         self.t_fault: float | None = None
         self.never = ""  # why the fault never happened, if it did not
         self.struck = False  # the trial's own signal (or setup kill) was sent
@@ -201,6 +200,11 @@ class _Run:
         self.exit_t: dict[str, float] = {}
 
     def start(self) -> None:
+        """The coordinator, the ranks, and a replacement held before it registers."""
+        self.log_dir.mkdir(parents=True)
+        # The processes' human-readable output (tables, tracebacks): kept beside the records.
+        self.output = open(self.log_dir / "output.txt", "w")  # noqa: SIM115 (see close)
+        self.job = LocalJob(self.cfg, self.trial.world, str(self.log_dir), output=self.output)
         armed = self.trial.armed()
         common = {failpoints.LOG_ENV: str(self.fired_log)}
         for r in range(self.trial.world):
@@ -210,6 +214,13 @@ class _Run:
             name = self.trial.replacement
             env = {**common, failpoints.ENV: armed[name]}
             self.job.start_rank(self.trial.victims[0], name, env=env)
+
+    def close(self) -> None:
+        """Every process of the trial ended (SIGKILL to each group still there)."""
+        if self.job is not None:
+            self.job.stop()
+        if self.output is not None:
+            self.output.close()
 
     def _signal(self, name: str, sig: signal.Signals) -> None:
         p = self.job.procs[name]
@@ -241,7 +252,8 @@ class _Run:
             return False
         follow = None if t.kind == "coordinator" else str(t.victims[0])
         done = isinstance(record, CommitRecord) and record.committed
-        return done and record.step == t.step - 1 and follow in (None, name)
+        # At or past it: a rank healed over that step (dropped under load) still gets hit.
+        return done and record.step >= t.step - 1 and follow in (None, name)
 
     def _read_fired(self) -> None:
         for f in failpoints.read_fired(self.fired_log):
@@ -320,8 +332,7 @@ def _run_trial(trial: Trial, cfg: TrainConfig, base: Path, timeout_s: float) -> 
         cut = run.drive(time.monotonic() + timeout_s)
         codes = {n: p.poll() for n, p in run.job.procs.items()}
     finally:
-        run.job.stop()
-        run.output.close()
+        run.close()
     procs = run.processes()
     for p in procs:  # what was still running at the end was killed by the cleanup above
         p.exit_code = codes.get(p.name)
