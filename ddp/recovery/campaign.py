@@ -182,6 +182,7 @@ class _Result:
     judgement: Judgement
     seconds: float
     log_dir: Path
+    note: str = ""
 
 
 class _Run:
@@ -195,6 +196,7 @@ class _Run:
         self.t_fault: float | None = None
         self.never = ""  # why the fault never happened, if it did not
         self.struck = False  # the trial's own signal (or setup kill) was sent
+        self.note = ""  # what differs from the plan
         self.cont_at: float | None = None  # when to SIGCONT a stopped rank
         self.held_pid: int | None = None  # the replacement, once held at rank.registering
         self.exit_t: dict[str, float] = {}
@@ -207,13 +209,13 @@ class _Run:
         self.job = LocalJob(self.cfg, self.trial.world, str(self.log_dir), output=self.output)
         armed = self.trial.armed()
         common = {failpoints.LOG_ENV: str(self.fired_log)}
-        for r in range(self.trial.world):
-            env = {**common, failpoints.ENV: armed.get(str(r), "")}
-            self.job.start_rank(r, str(r), env=env)
-        if self.trial.replacement:
+        if self.trial.replacement:  # first: the fault waits until it is held
             name = self.trial.replacement
             env = {**common, failpoints.ENV: armed[name]}
             self.job.start_rank(self.trial.victims[0], name, env=env)
+        for r in range(self.trial.world):
+            env = {**common, failpoints.ENV: armed.get(str(r), "")}
+            self.job.start_rank(r, str(r), env=env)
 
     def close(self) -> None:
         """Every process of the trial ended (SIGKILL to each group still there)."""
@@ -227,10 +229,13 @@ class _Run:
         if p.poll() is None:
             os.kill(p.pid, sig)
 
-    def _strike(self) -> None:
-        """The trial's fault (or, for the failpoint kinds, the kill that leads to it)."""
+    def _strike(self, step: int) -> None:
+        """The trial's fault in ``step`` (or, for the failpoint kinds, the kill that leads
+        to it)."""
         t, kind = self.trial, self.trial.kind
         self.struck = True
+        if step != t.step:
+            self.note = f"struck in step {step}"
         if kind == "coordinator":
             self._signal("coordinator", signal.SIGKILL)
         elif kind == "stop":
@@ -250,6 +255,8 @@ class _Run:
         t = self.trial
         if self.struck or t.kind == "vote-kill":
             return False
+        if t.replacement and self.held_pid is None:
+            return False  # not ready to join yet: the fault comes at a later step
         follow = None if t.kind == "coordinator" else str(t.victims[0])
         done = isinstance(record, CommitRecord) and record.committed
         # At or past it: a rank healed over that step (dropped under load) still gets hit.
@@ -270,7 +277,7 @@ class _Run:
         while True:
             for name, record in self.job.drain():
                 if self._triggered(name, record):
-                    self._strike()
+                    self._strike(record.step + 1)
             if self.fired_log.exists() and self.fired_log.stat().st_size != size:
                 size = self.fired_log.stat().st_size
                 self._read_fired()
@@ -337,15 +344,17 @@ def _run_trial(trial: Trial, cfg: TrainConfig, base: Path, timeout_s: float) -> 
     for p in procs:  # what was still running at the end was killed by the cleanup above
         p.exit_code = codes.get(p.name)
     if run.t_fault is None:
-        why = "the fault never happened" + (
-            f" (step {trial.step - 1} never committed)" if not run.struck else ""
-        )
+        why = "the fault never happened"
+        if trial.replacement and run.held_pid is None:
+            why += " (the replacement never got ready to join before the run ended)"
+        elif not run.struck:
+            why += f" (step {trial.step - 1} never committed)"
         judgement = Judgement([why])
     else:
         judgement = judge_trial(procs, trial.expect(cfg.steps, run.t_fault))
     if cut:
         judgement.problems.insert(0, cut)
-    return _Result(trial, judgement, time.monotonic() - t0, log_dir)
+    return _Result(trial, judgement, time.monotonic() - t0, log_dir, run.note)
 
 
 def _line(r: _Result, total: int) -> str:
@@ -354,7 +363,8 @@ def _line(r: _Result, total: int) -> str:
     def s(v: float | None) -> str:
         return "never" if v is None else f"{v:.2f} s"
 
-    head = f"trial {r.trial.index:>3}/{total}: {KINDS[r.trial.kind]}: {r.trial.describe()}: "
+    what = r.trial.describe() + (f", {r.note}" if r.note else "")
+    head = f"trial {r.trial.index:>3}/{total}: {KINDS[r.trial.kind]}: {what}: "
     if not j.clean:
         return head + f"UNCLEAN: {'; '.join(j.problems)} (records: {r.log_dir})"
     if j.outcome == "stopped":
