@@ -377,8 +377,10 @@ def _line(r: _Result, total: int) -> str:
 
 def _summary(results: list[_Result]) -> list[str]:
     kinds = [k for k in KINDS if any(r.trial.kind == k for r in results)]
-    head = f"{'fault':<20} {'trials':>6} {'clean':>5}   {'-> quorum p50   p90   p99':>25}"
-    lines = [head + f"   {'-> commit p50   p90   p99':>25}"]
+    head = f"{'fault':<20} {'trials':>6} {'clean':>5}"
+    for what in ("-> quorum", "-> commit"):
+        head += f"   {what:>12}{'p50':>6}{'p90':>6}{'p99':>6}"
+    lines = [head]
     last = []
     for k in kinds:
         mine = [r for r in results if r.trial.kind == k]
