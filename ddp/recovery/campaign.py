@@ -440,6 +440,11 @@ def _parser() -> argparse.ArgumentParser:
         help="a trial still running after this is stopped and unclean (default 120)",
     )
     p.add_argument("--keep", action="store_true", help="keep the records of clean trials too")
+    p.add_argument(
+        "--records",
+        metavar="DIR",
+        help="where each trial's records go, DIR/trial-NNN (default: a new temporary directory)",
+    )
     return p
 
 
@@ -476,7 +481,18 @@ def main(argv: list[str] | None = None) -> int:
     trials = plan(
         args.trials, args.seed, kinds, args.world_size, args.steps, args.heartbeat_timeout
     )
-    base = Path(tempfile.mkdtemp(prefix="ddp-campaign-"))
+    if args.records:
+        base = Path(args.records)
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            p.error(f"--records {args.records}: cannot create it ({e.strerror})")
+        if any(base.glob("trial-*")):
+            p.error(
+                f"--records {args.records} holds an earlier campaign's trials: give an empty one"
+            )
+    else:
+        base = Path(tempfile.mkdtemp(prefix="ddp-campaign-"))
     # A terminated campaign still stops the trial's processes (each trial's finally).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(
@@ -500,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     if results:
         for line in _summary(results):
             print(line)
-    if all(r.judgement.clean for r in results) and not args.keep:
+    if all(r.judgement.clean for r in results) and not args.keep and not args.records:
         shutil.rmtree(base, ignore_errors=True)
     if code:
         return code
