@@ -194,7 +194,6 @@ class _Run:
         self.output: IO[str] | None = None
         self.job: LocalJob | None = None
         self.t_fault: float | None = None
-        self.never = ""  # why the fault never happened, if it did not
         self.struck = False  # the trial's own signal (or setup kill) was sent
         self.note = ""  # what differs from the plan
         self.cont_at: float | None = None  # when to SIGCONT a stopped rank
@@ -244,10 +243,9 @@ class _Run:
         elif kind in ("kill", "two-kills"):
             for v in t.victims:
                 self._signal(str(v), signal.SIGKILL)
-        elif t.replacement:
+        elif t.replacement:  # held (see _triggered): it registers as the victim dies
             self._signal(str(t.victims[0]), signal.SIGKILL)
-            if self.held_pid is not None:
-                self._signal(t.replacement, signal.SIGCONT)
+            self._signal(t.replacement, signal.SIGCONT)
         if kind in ("coordinator", "stop", "kill", "two-kills"):
             self.t_fault = time.time()
 
@@ -264,11 +262,9 @@ class _Run:
 
     def _read_fired(self) -> None:
         for f in failpoints.read_fired(self.fired_log):
-            if f.name == "rank.registering" and self.held_pid is None:
+            if f.name == "rank.registering":
                 self.held_pid = f.pid
-                if self.struck:  # the fault came first: go at once
-                    self._signal(self.trial.replacement, signal.SIGCONT)
-            elif f.name != "rank.registering" and self.t_fault is None:
+            elif self.t_fault is None:
                 self.t_fault = f.t
 
     def drive(self, deadline: float) -> str:
