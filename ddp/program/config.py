@@ -169,6 +169,13 @@ class TrainConfig:
         "follows the run (the lab)",
         "output",
     )
+    commit_digests: bool = _opt(
+        False,
+        "--recovery live: put the parameters' sha256 in every commit record, so that a reader "
+        "(python -m ddp.recovery.campaign) can tell whether every rank that committed a step "
+        "holds the same weights; costs a hash of the parameters per step",
+        "output",
+    )
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -471,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
             recovery="live",
             heartbeat_timeout_s=args.heartbeat_timeout,
             collective_timeout_s=30.0,
+            commit_digests=True,  # what tells a split brain
         )
     except ValueError as e:
         p.error(str(e))

@@ -60,7 +60,7 @@ class CommitRecord(Record):
     applied the optimizer step) or failed (no optimizer step; it is redone in the next
     quorum), with ``reason``. ``params_sha256``: the parameters right after a committed step,
     so that a reader can tell whether every member that committed it holds the same weights
-    (None: not committed, or an older writer)."""
+    (None: not committed, or not asked for with ``--commit-digests``)."""
 
     event: ClassVar[str] = "commit"
     step: int

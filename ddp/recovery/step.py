@@ -121,7 +121,7 @@ def run_step(run: LiveRun, step: int) -> None:
     run.step, run.attempting = step, None
     step_ms = (time.perf_counter() - t0) * 1e3
     q = run.quorum
-    digest = params_sha256(run.module)
+    digest = params_sha256(run.module) if cfg.commit_digests else None
     run.jlog.write(CommitRecord(run.replica, step, q.id, world, True, time.time(), "", digest))
     run.history.append({"step": step, "quorum": q.id, "world": world, "identical": None})
     run.history[-1]["diff"] = None
