@@ -194,6 +194,13 @@ class TrainConfig:
         "local",
         metavar="N",
     )
+    commit_digests: bool = _opt(
+        False,
+        "--recovery live: put the parameters' sha256 in every commit record, so that a reader "
+        "(python -m ddp.recovery.campaign) can tell whether every rank that committed a step "
+        "holds the same weights; costs a hash of the parameters per step",
+        "output",
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.find_unused_parameters, bool):  # YAML's `true`, as torch spells it

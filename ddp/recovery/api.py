@@ -63,8 +63,9 @@ from torch import nn
 
 from ddp.flight.diagnosis import PeerFailure
 from ddp.flight.gloo_errors import error_meaning
+from ddp.recovery.failpoints import failpoint
 from ddp.recovery.protocol.group import build_group, keep_groups_past_exit
-from ddp.recovery.protocol.heal import Heal, heal
+from ddp.recovery.protocol.heal import Heal, flatten, heal, state_digest
 from ddp.recovery.protocol.member import Member
 from ddp.recovery.protocol.messages import Quorum
 from ddp.recovery.protocol.records import (
@@ -105,6 +106,10 @@ class ManagerConfig:
     replica: int | None = None
     heartbeat_timeout_s: float = 2.0
     timeout_s: float = 60.0
+    # Every commit record carries the sha256 of the state the step was computed from (what
+    # state_dict returns, before the update), so a reader of the records can tell a split
+    # brain: members that committed one step from different weights. A hash per step.
+    commit_digests: bool = False
 
     def __post_init__(self) -> None:
         self.coordinator = self.coordinator or os.environ.get(COORDINATOR_ENV)
@@ -266,6 +271,7 @@ class Manager:
         self._weight = 1.0
         self._index: dict[int, int] = {}  # id(parameter) -> its place in the model
         self._step_reduce: _StepAllreduce | None = None
+        failpoint("rank.registering")  # the loop's state is built, not registered yet
         self.member = Member(
             self.config.coordinator,  # type: ignore[arg-type]
             self.replica,
@@ -348,9 +354,15 @@ class Manager:
         except RuntimeError as e:
             self._lost(e)
             return False
+        failpoint("step.voted", step=step)  # between the vote and the update
         self.step, self.attempting = step, None  # type: ignore[assignment]
         q = self.quorum
-        self._emit(CommitRecord(self.replica, step, q.id, q.world_size, True, time.time()))
+        digest = None
+        if self.config.commit_digests:
+            digest = state_digest(flatten(self._state_dict())[1]).hex()
+        record = CommitRecord(self.replica, step, q.id, q.world_size, True, time.time())
+        record.params_sha256 = digest
+        self._emit(record)
         return True
 
     def exchange(self, report: Sequence[float]) -> torch.Tensor | None:

@@ -40,6 +40,7 @@ def train_live(cfg: TrainConfig, replica: int, jlog: RecordLog, started_t: float
         replica=replica,
         heartbeat_timeout_s=cfg.heartbeat_timeout_s,
         timeout_s=cfg.collective_timeout_s,
+        commit_digests=cfg.commit_digests,
     )
     model = DistributedDataParallel(
         run.module,

@@ -13,6 +13,7 @@ them ended with bitwise-identical parameters.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import queue
 import secrets
@@ -41,22 +42,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _follow(name: int | str, stream: IO[str], out: queue.Queue) -> None:
-    """Records go to ``out``; other lines are printed as they come."""
+def _follow(name: int | str, stream: IO[str], out: queue.Queue, text: IO[str] | None) -> None:
+    """Records go to ``out``; other lines to ``text`` (stdout when None) as they come."""
     for line in stream:
         record = parse_record_line(line)
         if record is not None:
             out.put((name, record))
         elif line.strip():
-            sys.stdout.write(line)
-            sys.stdout.flush()
+            (text or sys.stdout).write(line)
+            (text or sys.stdout).flush()
 
 
 class LocalJob:
-    """The coordinator and rank processes of one local live run."""
+    """The coordinator and rank processes of one local live run; ``output``: where their
+    human-readable output goes (None: this process's stdout and stderr)."""
 
-    def __init__(self, cfg: TrainConfig, world: int, log_dir: str, follow: bool = True) -> None:
-        self.cfg, self.world, self.log_dir = cfg, world, log_dir
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        world: int,
+        log_dir: str,
+        follow: bool = True,
+        output: IO[str] | None = None,
+    ) -> None:
+        self.cfg, self.world, self.log_dir, self.output = cfg, world, log_dir, output
         self.port = _free_port()
         self.records: queue.Queue = queue.Queue()
         self.events: list[Record] = []
@@ -64,6 +73,7 @@ class LocalJob:
         self.entered: set[str] = set()  # processes that trained in a quorum
         self.victim: str | None = None  # the rank the fault hit
         self.procs: dict[str, subprocess.Popen] = {}
+        self.followers: list[threading.Thread] = []  # one per process, until its stdout ends
         self.rank_cfg = cfg.replace(
             coordinator=f"127.0.0.1:{self.port}", log_dir=log_dir, emit_records=follow
         )
@@ -94,17 +104,28 @@ class LocalJob:
             timeout,
         )
 
-    def _start(self, name: str, *argv: str) -> subprocess.Popen:
+    def _start(self, name: str, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start process ``name``, in a process group of its own (``stop`` ends the group;
+        a Ctrl-C reaches only this launcher, which stops them all); ``env``: added to the
+        job's."""
         p = subprocess.Popen(
-            [sys.executable, *argv], stdout=subprocess.PIPE, text=True, env=self.env, bufsize=1
+            [sys.executable, *argv],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**self.env, **(env or {})},
+            bufsize=1,
+            start_new_session=True,
+            stderr=self.output,
         )
         self.procs[name] = p
-        threading.Thread(target=_follow, args=(name, p.stdout, self.records), daemon=True).start()
+        follow = (name, p.stdout, self.records, self.output)
+        self.followers.append(threading.Thread(target=_follow, args=follow, daemon=True))
+        self.followers[-1].start()
         return p
 
-    def start_rank(self, rank: int, name: str) -> None:
+    def start_rank(self, rank: int, name: str, env: dict[str, str] | None = None) -> None:
         argv = ["--rank", str(rank), "--world-size", str(self.world), *self.rank_cfg.to_argv()]
-        self._start(name, "-m", "ddp", "train", *argv)
+        self._start(name, "-m", "ddp", "train", *argv, env=env)
 
     def ranks_running(self) -> bool:
         """Whether a rank still trains (a replacement still starting up when every other rank
@@ -128,10 +149,15 @@ class LocalJob:
             got.append((name, record))
 
     def stop(self) -> None:
+        """SIGKILL every process group still running (a stopped process too) and reap it;
+        then every line they wrote has been handled (``records``, ``output``)."""
         for p in self.procs.values():
             if p.poll() is None:
-                p.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
             p.wait(timeout=10)
+        for t in self.followers:
+            t.join(timeout=10)
 
 
 def _drive(

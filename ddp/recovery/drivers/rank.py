@@ -9,8 +9,9 @@ import logging
 import os
 import sys
 
+from ddp.flight.diagnosis import PeerFailure
 from ddp.program.config import Rendezvous, TrainConfig
-from ddp.program.records import RecordLog
+from ddp.program.records import FailureRecord, RecordLog
 
 __all__ = ["exit_now", "run_live_rank"]
 
@@ -27,6 +28,9 @@ def run_live_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
     jlog = RecordLog(cfg.log_dir, rdzv.rank, echo=cfg.emit_records)
     try:
         return train_live(cfg, rdzv.rank, jlog, started)
+    except PeerFailure as e:  # the run stops (exit 3): its one-line diagnosis as a record too
+        jlog.write(FailureRecord(rdzv.rank, str(e), e.missing_ranks))
+        raise
     finally:
         jlog.close()
 

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddp.recovery.failpoints import failpoint
 from ddp.recovery.protocol.member import Member
 from ddp.recovery.protocol.waiting import wait_work
 
@@ -186,12 +187,14 @@ def heal(
         if not behind:
             return Heal(src, behind, top, identical)
         header, payload = _pack(skeleton, tensors)
+        failpoint("heal.sending", step=top)
         for g in behind:
             what = f"heal send to group rank {g}"
             wait_work(pg.send([header], g, tag), member, timeout_s, what)
             wait_work(pg.send([payload], g, tag), member, timeout_s, what)
     else:
         header = torch.empty(2, dtype=torch.int64)
+        failpoint("heal.receiving", step=top)
         wait_work(pg.recv([header], src, tag), member, timeout_s, "heal receive")
         payload = torch.empty(int(header.sum()), dtype=torch.uint8)
         wait_work(pg.recv([payload], src, tag), member, timeout_s, "heal receive")

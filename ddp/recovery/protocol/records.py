@@ -75,7 +75,10 @@ class QuorumRecord(Record):
 class CommitRecord(Record):
     """Step ``step`` in quorum ``quorum_id``: committed (every member voted yes and this rank
     applied the optimizer step) or failed (no optimizer step; it is redone in the next
-    quorum), with ``reason``."""
+    quorum), with ``reason``. ``params_sha256``: the sha256 of the state the step was computed
+    from (the loop's state_dict before the update), so that a reader can tell whether every
+    member that committed it started from the same weights (None: not committed, or not asked
+    for with ``--commit-digests``)."""
 
     event: ClassVar[str] = "commit"
     step: int
@@ -84,6 +87,7 @@ class CommitRecord(Record):
     committed: bool
     t: float
     reason: str = ""
+    params_sha256: str | None = None
 
 
 @dataclass
