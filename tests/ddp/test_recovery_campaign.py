@@ -267,10 +267,6 @@ def test_a_short_campaign_of_every_fault_a_rank_can_suffer_is_clean(tmp_path):
     assert lines[-1].startswith("campaign: 6 of 6 trials clean; ")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the ranks do not notice the coordinator's loss yet: they train on and say 'holds'",
-)
 def test_losing_the_coordinator_is_survived_or_stops_cleanly(tmp_path):
     r = _campaign(tmp_path, "--trials", "1", "--seed", "3", "--kinds", "coordinator", timeout=200)
     assert r.returncode == 0, r.stdout[-4000:]
