@@ -203,19 +203,20 @@ def _coordinator_loss(codes: dict[int, int], quorum_after: bool = False) -> Live
     the failure record ddp writes when it notices, or (exit 0) the rest of the run."""
     plan = LivePlan(rank=0, at_step=5, mode="kill", target="coordinator", compare=False)
     logs = {}
-    for r, code in codes.items():
+    for r in range(4):
+        code = codes.get(r)  # None: still running when the lab stopped it
         recs = [
             QuorumRecord(r, 1, [0, 1, 2, 3], 4, r, T - 5, "all 4 ranks registered"),
             *[CommitRecord(r, s, 1, 4, True, T - 1 + s * 0.2 + r / 1000) for s in (1, 2, 3, 4)],
         ]
         if code == 5:
             recs.append(FailureRecord(r, "the live-recovery coordinator was lost (no successor)"))
-        else:
+        elif code == 0:
             if quorum_after:
                 recs.append(QuorumRecord(r, 2, [0, 1, 2, 3], 4, r, T + 1.5, "successor"))
             recs.append(RecoveryVerdictRecord(r, True, 40, 40, 0, 1, 40, "replicas identical"))
         logs[r] = [RankLog(r, recs)]
-    ended = {"live": {r: T + 1.2 + r / 10 for r in codes}}
+    ended = {"live": {r: T + 1.2 + r / 10 for r in codes}}  # exit 5: the last at +1.5 s
     moments = [Moment(T, "lab: kill the coordinator", "fault")]
     return LiveResult(
         plan, "c1", Path("/nowhere"), moments, {"live": logs}, {"live": codes}, None, 0, None, ended
@@ -240,6 +241,7 @@ def test_coordinator_loss_a_clean_stop_passes_and_says_how_fast():
         ({r: 0 for r in range(4)}, False, False, "fault tolerance was lost and the run did not"),
         ({r: 0 for r in range(4)}, True, True, "the job survived the coordinator's loss"),
         ({0: 5, 1: 5, 2: 4, 3: 5}, False, False, "neither a clean stop (exit 5 on every rank)"),
+        ({0: 5, 1: 5}, False, False, "ranks [2, 3] neither stopped nor finished"),
     ],
 )
 def test_coordinator_loss_judged_from_exits_and_records(codes, quorum_after, ok, says):

@@ -154,7 +154,8 @@ def _add_live_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="--recovery live: what the fault hits: rank (the --rank given), or coordinator "
         "(the coordinator's container: every rank must notice; ddp stops them with exit "
-        f"{COORDINATOR_LOST}, or a successor takes over) (default rank)",
+        f"{COORDINATOR_LOST}, or a successor takes over; no other path runs beside it) "
+        "(default rank)",
     )
     g.add_argument(
         "--heartbeat-timeout",

@@ -218,6 +218,17 @@ def _judge_coordinator_loss(result: LiveResult) -> Verdict:
                 ],
             )
         return Verdict(False, [f"rank {v.rank}: {v.message}" for v in bad] or ["no verdict"])
+    stuck = [r for r in ranks if r not in codes]
+    if stuck:
+        moved = [r.t - t for r in records if isinstance(r, CommitRecord) and r.t >= t]
+        last = f"; the last step was committed {max(moved):.1f} s after it" if moved else ""
+        return Verdict(
+            False,
+            [
+                f"after the coordinator's loss ranks {stuck} neither stopped nor finished "
+                f"(stopped by the lab once nothing moved{last}): no rank noticed the loss"
+            ],
+        )
     if all(codes.get(r) == 0 for r in ranks):
         return Verdict(
             False,

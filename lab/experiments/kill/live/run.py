@@ -16,7 +16,7 @@ from ddp.recovery.protocol.messages import SECRET_ENV
 from ddp.torchfree import CommitRecord, load_attempts
 from lab.engine.client import RunTimeout, connect
 from lab.engine.cluster import Cluster
-from lab.engine.events import Event, LineEvent, RecordEvent
+from lab.engine.events import Event, ExitEvent, LineEvent, RecordEvent
 from lab.engine.job import Job
 from lab.engine.training import train_argvs
 from lab.experiments.kill.live.plan import COORDINATOR_PORT, LivePlan
@@ -31,6 +31,7 @@ __all__ = ["run"]
 _Echo = Callable[[str], None]
 _WAIT_S = 0.05  # poll slice per job when following several
 _END_GRACE_S = 60.0  # after the survivors, how long the rest (replacement, coordinator) get
+_QUIET_S = 60.0  # coordinator lost: slack on top of the heartbeat and collective timeouts
 
 
 class _Echo2:
@@ -38,6 +39,7 @@ class _Echo2:
 
     def __init__(self, plan: LivePlan, echo: _Echo) -> None:
         self.progress = Progress(plan.train.steps, enabled=plan.progress, echo=echo)
+        self.moved = time.monotonic()  # the last committed step or exit of a rank
 
     def __call__(self, job: str) -> Callable[[Event], None]:
         def follow(event: Event) -> None:
@@ -48,6 +50,9 @@ class _Echo2:
                 record = event.record
                 if isinstance(record, CommitRecord) and record.committed:
                     self.progress.update(record.step)
+                    self.moved = time.monotonic()
+            elif isinstance(event, ExitEvent):
+                self.moved = time.monotonic()
 
         return follow
 
@@ -64,10 +69,15 @@ def _until(jobs: list[Job], hit: Callable[[Event], bool], timeout_s: float, what
     raise RunTimeout(f"live run: {what} did not happen within {timeout_s:g} s")
 
 
-def _drain(jobs: list[Job], ranks: dict[str, list[int]], timeout_s: float) -> None:
-    """Follow every job until each one's ``ranks`` exited, or the deadline."""
+def _drain(
+    jobs: list[Job],
+    ranks: dict[str, list[int]],
+    timeout_s: float,
+    stalled: Callable[[], bool] = lambda: False,
+) -> None:
+    """Follow every job until each one's ``ranks`` exited, the deadline, or ``stalled()``."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stalled():
         if all(all(r in j.exits for r in ranks.get(j.name, j.ranks)) for j in jobs):
             return
         for job in jobs:
@@ -172,14 +182,20 @@ def _live(cluster: Cluster, plan: LivePlan, fault: Fault, echo: _Echo) -> list[M
         moments.append(
             Moment(time.time(), f"lab: replacement for rank {plan.rank} started", "replacement")
         )
-    _drain(jobs, {"live": survivors, "coordinator": []}, plan.run_timeout_s)
+    stalled = lambda: False  # noqa: E731
+    if plan.target == "coordinator":
+        # Without a coordinator, ranks that neither commit nor exit for this long are stuck:
+        # the analysis says so rather than wait out the run timeout.
+        quiet_s = plan.train.heartbeat_timeout_s + plan.train.collective_timeout_s + _QUIET_S
+        stalled = lambda: time.monotonic() - follow.moved > quiet_s  # noqa: E731
+    _drain(jobs, {"live": survivors, "coordinator": []}, plan.run_timeout_s, stalled)
     fault.release()  # a paused or cut-off rank may go now
     # torchft's lighthouse serves until its container goes: nobody waits for it to exit
     _drain(jobs, {"coordinator": []} if plan.recovery == "torchft" else {}, _END_GRACE_S)
     follow.progress.close()
     for j in jobs:
         j.close()
-    if job.running and any(r in survivors for r in job.running):
+    if job.running and any(r in survivors for r in job.running) and plan.target == "rank":
         raise RunTimeout(
             f"live run: survivors {job.running} still running after {plan.run_timeout_s:g} s"
         )
