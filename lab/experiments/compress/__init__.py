@@ -23,7 +23,6 @@ from lab.experiments.compress.result import CompressResult
 from lab.experiments.compress.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.compress.text import closing
 from lab.experiments.reporting import report_sweep
-from lab.shaping.registry import CHOICES
 
 NAME = "compress"
 HELP = "gradient compression (fp16, bf16, powersgd) under a bandwidth cap: where it pays"
@@ -97,18 +96,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0.0,
         help="one-way delay per packet on top of the cap (default 0)",
     )
-    p.add_argument(
-        "--shaper",
-        choices=CHOICES,
-        default="auto",
-        help="auto: netem if the kernel has it, else the nfqueue delayer (default auto)",
-    )
-    p.add_argument(
-        "--warmup",
-        type=common.number(0, kind=int),
-        default=POWERSGD_START_ITER,
-        help="first steps left out of the medians: gloo's set-up and powersgd's "
-        f"uncompressed steps (default {POWERSGD_START_ITER}, the least with powersgd)",
+    common.add_shaper(p)
+    common.add_warmup(
+        p,
+        POWERSGD_START_ITER,
+        ": gloo's set-up and powersgd's uncompressed steps",
+        ", the least with powersgd",
     )
     p.add_argument(
         "--rounds",
@@ -116,11 +109,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run every hook this often per rate, interleaved, and pool the steps (default 2; "
         f"--quick {QUICK.rounds})",
     )
-    p.add_argument(
-        "--nodes",
-        type=common.number(2, kind=int),
-        help=f"containers, one rank each (default 4; --quick {QUICK.nodes})",
-    )
+    common.add_nodes(p, None, f"; --quick {QUICK.nodes}", shown=CompressPlan.nodes)
     p.add_argument(
         "--quick",
         action="store_true",
@@ -150,10 +139,7 @@ def plan(args: argparse.Namespace) -> CompressPlan:
         rounds=rounds,
         nodes=nodes,
         train=train,
-        run_timeout_s=args.run_timeout,
-        image=args.image,
-        runs_dir=args.runs_dir,
-        progress=args.progress,
+        **common.run_fields(args),
         quick=quick,
     )
 

@@ -32,7 +32,6 @@ from lab.experiments.latency.result import SweepResult
 from lab.experiments.latency.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.latency.text import closing
 from lab.experiments.reporting import report_sweep
-from lab.shaping.registry import CHOICES
 
 NAME = "latency"
 HELP = "inject link latency between containers; sweep bucket caps and overlap"
@@ -112,12 +111,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="one-way delay per packet in ms (round trip +2x); repeat for several "
         "(default 5; 0 = unshaped)",
     )
-    p.add_argument(
-        "--shaper",
-        choices=CHOICES,
-        default="auto",
-        help="auto: netem if the kernel has it, else the nfqueue delayer (default auto)",
-    )
+    common.add_shaper(p)
     p.add_argument(
         "--rate-mbit",
         type=common.number(0),
@@ -135,12 +129,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     common.add_impairments(p)
     _add_sweep_arguments(p)
-    p.add_argument(
-        "--warmup",
-        type=common.number(0, kind=int),
-        default=2,
-        help="first steps left out of the medians (gloo connection set-up) (default 2)",
-    )
+    common.add_warmup(p, 2, " (gloo connection set-up)")
     p.add_argument(
         "--rounds",
         type=common.number(1, kind=int),
@@ -157,12 +146,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a model of accelerator compute, added to the real CPU compute: "
         f"{_BACKWARD.metadata['help']} (ddp train's {flag_of('backward_delay_ms')}; default 0)",
     )
-    p.add_argument(
-        "--nodes",
-        type=common.number(2, kind=int),
-        default=DEFAULT_NODES,
-        help="containers, one rank each (default %(default)s: a core per rank on a 2-core host)",
-    )
+    common.add_nodes(p, DEFAULT_NODES, ": a core per rank on a 2-core host")
     p.add_argument(
         "--quick",
         action="store_true",
@@ -217,10 +201,7 @@ def plan(args: argparse.Namespace) -> LatencyPlan:
         nodes=args.nodes,
         train=train,
         timeline_cap=args.timeline_cap,
-        run_timeout_s=args.run_timeout,
-        image=args.image,
-        runs_dir=args.runs_dir,
-        progress=args.progress,
+        **common.run_fields(args),
         impair=common.impairments(args),
         node_ms=tuple(args.node_ms or ()),
         cpus=args.cpus,

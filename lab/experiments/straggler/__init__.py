@@ -23,7 +23,6 @@ from lab.experiments.straggler.plan import QUICK_STEPS, TRAIN_DEFAULTS, Straggle
 from lab.experiments.straggler.result import StragglerResult
 from lab.experiments.straggler.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.straggler.text import closing
-from lab.shaping.registry import CHOICES
 
 NAME = "straggler"
 HELP = "slow one rank (a CPU quota, or a slow link): every rank's step rises to its step"
@@ -85,25 +84,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MS",
         help="extra one-way delay on every packet into the straggler's node only (default 0)",
     )
-    p.add_argument(
-        "--shaper",
-        choices=CHOICES,
-        default="auto",
-        help="for --slow-link-ms: netem, or the nfqueue delayer (default auto)",
-    )
+    common.add_shaper(p, "for --slow-link-ms: netem, or the nfqueue delayer")
     common.add_impairments(p, "every node's link in the slowed job (with --slow-link-ms)")
-    p.add_argument(
-        "--nodes",
-        type=common.number(2, kind=int),
-        default=4,
-        help="containers, one rank each (default 4)",
-    )
-    p.add_argument(
-        "--warmup",
-        type=common.number(0, kind=int),
-        default=2,
-        help="first steps left out of the medians (default 2)",
-    )
+    common.add_nodes(p, 4)
+    common.add_warmup(p, 2)
     p.add_argument(
         "--quick", action="store_true", help=f"{QUICK_STEPS} steps per job: about a minute"
     )
@@ -126,10 +110,7 @@ def plan(args: argparse.Namespace) -> StragglerPlan:
         nodes=args.nodes,
         warmup=args.warmup,
         train=train,
-        run_timeout_s=args.run_timeout,
-        image=args.image,
-        runs_dir=args.runs_dir,
-        progress=args.progress,
+        **common.run_fields(args),
         impair=common.impairments(args),
     )
 

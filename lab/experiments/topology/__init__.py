@@ -23,7 +23,6 @@ from lab.experiments.topology.plan import QUICK, TRAIN_DEFAULTS, TopologyPlan
 from lab.experiments.topology.result import TopologyResult
 from lab.experiments.topology.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.topology.text import closing
-from lab.shaping.registry import CHOICES
 
 NAME = "topology"
 HELP = "nodes x ranks with a slow link between nodes: flat ring vs a two-level allreduce"
@@ -86,31 +85,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="R",
         help="also cap each node's link at R Mbit/s (default: no cap)",
     )
-    link.add_argument(
-        "--shaper",
-        choices=CHOICES,
-        default="auto",
-        help="auto: netem if the kernel has it, else the nfqueue delayer (default auto)",
-    )
+    common.add_shaper(link)
     layout = p.add_argument_group("the layout and the measurement")
-    layout.add_argument(
-        "--nodes",
-        type=common.number(2, kind=int),
-        default=2,
-        help="containers (default %(default)s)",
-    )
+    common.add_nodes(layout, 2, what="containers")
     layout.add_argument(
         "--ranks-per-node",
         type=common.number(2, kind=int),
         default=2,
         help="ranks in each container, on its loopback (default %(default)s)",
     )
-    layout.add_argument(
-        "--warmup",
-        type=common.number(0, kind=int),
-        default=TopologyPlan.warmup,
-        help="first steps left out of the medians and the bytes: gloo's set-up, "
-        "the bucket rebuild, the auto cap's measurements (default %(default)s)",
+    common.add_warmup(
+        layout,
+        TopologyPlan.warmup,
+        " and the bytes: gloo's set-up, the bucket rebuild, the auto cap's measurements",
     )
     layout.add_argument(
         "--rounds",
@@ -148,10 +135,7 @@ def plan(args: argparse.Namespace) -> TopologyPlan:
         warmup=args.warmup,
         rounds=args.rounds or quick.get("rounds", TopologyPlan.rounds),
         train=train,
-        run_timeout_s=args.run_timeout,
-        image=args.image,
-        runs_dir=args.runs_dir,
-        progress=args.progress,
+        **common.run_fields(args),
         quick=args.quick,
         caps=tuple(args.caps),
     )
