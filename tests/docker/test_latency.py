@@ -20,27 +20,10 @@ pytestmark = pytest.mark.docker
 
 @pytest.mark.timeout(900)
 def test_latency_small_sweep_end_to_end(client, tmp_path):
-    out, run_id = run_lab(
-        client,
-        [
-            "latency",
-            "--ms",
-            "5",
-            "--caps",
-            "0,1",
-            "--steps",
-            "5",
-            "--rounds",
-            "1",
-            "--run-timeout",
-            "200",
-            "--collective-timeout",
-            "60",
-            "--runs-dir",
-            str(tmp_path),
-        ],
-        860,
+    argv = (
+        "latency --ms 5 --caps 0,1 --steps 5 --rounds 1 --run-timeout 200 --collective-timeout 60"
     )
+    out, run_id = run_lab(client, [*argv.split(), "--runs-dir", str(tmp_path)], 860)
     assert f"labelled lab.run={run_id}" in out  # the cluster said what it removed
 
     # The link was verified before anything was measured: asked vs measured round trip.
