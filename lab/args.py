@@ -17,6 +17,7 @@ from lab.shaping.registry import CHOICES
 __all__ = [
     "add_collective_timeout",
     "add_common",
+    "add_cpus",
     "add_impairments",
     "add_job_flags",
     "add_nodes",
@@ -125,6 +126,11 @@ def add_shaper(
     """``--shaper``: which shaper delays the links (:mod:`lab.shaping.registry`), auto by
     default; ``help`` says what it shapes when that is not every link."""
     p.add_argument("--shaper", choices=CHOICES, default="auto", help=f"{help} (default auto)")
+
+
+def add_cpus(p: Flags, help: str) -> None:
+    """``--cpus``: a CPU limit in cores (> 0) on the containers ``help`` names; no default."""
+    p.add_argument("--cpus", type=number(0, strict=True), metavar="CORES", help=help)
 
 
 def add_nodes(

@@ -18,7 +18,16 @@ import pytest
 
 from ddp.program.launch import spawn_ranks
 
-__all__ = ["ROOT", "cli_error", "finish", "leftovers", "run_ddp", "run_ranks", "train_ranks"]
+__all__ = [
+    "ROOT",
+    "cli_error",
+    "finish",
+    "leftovers",
+    "run_ddp",
+    "run_module",
+    "run_ranks",
+    "train_ranks",
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 _ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -34,13 +43,20 @@ def run_ranks(
 def run_ddp(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``python -m ddp ARGS`` from the repository's root, a thread per rank, its output
     captured as text."""
+    return run_module("ddp", *args, timeout=timeout, env=_ENV)
+
+
+def run_module(
+    module: str, *args: str, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` from the repository's root, its output captured as text."""
     return subprocess.run(
-        [sys.executable, "-m", "ddp", *args],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=_ENV,
+        env=env,
     )
 
 

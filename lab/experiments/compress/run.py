@@ -71,7 +71,6 @@ def run(plan: CompressPlan, echo: Callable[[str], None] = print) -> CompressResu
         new_result=CompressResult,
         link=capped,
         run_job=_run_job,
-        header=lambda r: f"run {r.run_id}: {plan.describe()}; output in {r.run_dir}/",
         describe=_describe,
         echo=echo,
     )

@@ -154,12 +154,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "and --steps are not given); both phases of the default, or with explicit settings caps "
         f"{','.join(f'{c:g}' for c in QUICK['caps'])} where --caps is not given",
     )
-    p.add_argument(
-        "--cpus",
-        type=common.number(0, strict=True),
-        metavar="CORES",
-        help="every node's CPU limit in cores (default: none)",
-    )
+    common.add_cpus(p, "every node's CPU limit in cores (default: none)")
     p.add_argument(
         "--timeline-cap",
         type=common.number(0),

@@ -71,12 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="CPU quota = fair share / X on the straggler's container (default 4, or 1 = no "
         "quota when --slow-link-ms is given)",
     )
-    p.add_argument(
-        "--cpus",
-        type=common.number(0, strict=True),
-        metavar="CORES",
-        help="the straggler's CPU quota in cores, instead of --slowdown",
-    )
+    common.add_cpus(p, "the straggler's CPU quota in cores, instead of --slowdown")
     p.add_argument(
         "--slow-link-ms",
         type=common.number(0),

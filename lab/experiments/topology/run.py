@@ -58,7 +58,6 @@ def run(plan: TopologyPlan, echo: Callable[[str], None] = print) -> TopologyResu
         new_result=TopologyResult,
         link=between_nodes,
         run_job=_run_job,
-        header=lambda r: f"run {r.run_id}: {plan.describe()}; output in {r.run_dir}/",
         describe=_describe,
         echo=echo,
     )
