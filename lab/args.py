@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+import textwrap
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ __all__ = [
     "check_job",
     "check_timeouts",
     "check_warmup",
+    "definitions",
     "float_list",
     "impairments",
     "node_value",
@@ -159,6 +161,15 @@ def add_warmup(p: Flags, default: int, why: str = "", note: str = "") -> None:
         default=default,
         help=f"first steps left out of the medians{why} (default {default}{note})",
     )
+
+
+def definitions(terms: Mapping[str, str]) -> list[str]:
+    """An epilog's ``term = definition.`` lines, each wrapped to the help's width and indented
+    under the line that introduces them."""
+    return [
+        textwrap.fill(f"{k} = {v}.", width=92, initial_indent="  ", subsequent_indent="    ")
+        for k, v in terms.items()
+    ]
 
 
 def impairments(args: argparse.Namespace) -> Impairments:

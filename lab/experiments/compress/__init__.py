@@ -16,7 +16,7 @@ import textwrap
 from ddp.torchfree import COMPRESSION_HOOKS, POWERSGD_START_ITER, config_from_args
 from lab import args as common
 from lab.experiments.compress import page
-from lab.experiments.compress.analysis import analyse
+from lab.experiments.compress.analysis import DEFINITIONS, analyse
 from lab.experiments.compress.outputs import write_files
 from lab.experiments.compress.plan import QUICK, TRAIN_DEFAULTS, CompressPlan
 from lab.experiments.compress.result import CompressResult
@@ -37,37 +37,24 @@ DESCRIPTION = textwrap.fill(
     "the allreduce, not the compute, sets the step time.",
     width=92,
 )
-
-
-def _wrap(text: str) -> str:
-    return textwrap.fill(text, width=92, initial_indent="  ", subsequent_indent="    ")
-
-
-def _epilog() -> str:
-    from lab.experiments.compress.analysis import DEFINITIONS
-
-    return "\n".join(
-        [
-            "The table's figures:",
-            *(_wrap(f"{k} = {v}.") for k, v in DEFINITIONS.items()),
-            f"Warm-up: the first --warmup steps (default {POWERSGD_START_ITER}) are left out: "
-            "step 1 sets up gloo's",
-            f"connections, and powersgd runs a plain allreduce for its first "
-            f"{POWERSGD_START_ITER} steps (torch's",
-            "start_powerSGD_iter), so every measured powersgd step is a compressed one.",
-            "Files in runs/<run-id>/: compress.txt (the table), compress.csv, compress.json,",
-            "compress.png (step time vs rate per hook; final loss and param diff per hook),",
-            "trace.json (Chrome trace of one step per hook at the lowest rate:",
-            "https://ui.perfetto.dev), and per job <rate>mbit-<hook>-r<round>/ with",
-            "logs/rank<R>.jsonl and node<N>.log.",
-            "Exit codes: 0 every job finished with identical replicas, 1 a job failed or the",
-            "replicas diverged, 2 bad arguments, 130 interrupted.",
-        ]
-    )
-
-
-EPILOG = _epilog()
-
+EPILOG = "\n".join(
+    [
+        "The table's figures:",
+        *common.definitions(DEFINITIONS),
+        f"Warm-up: the first --warmup steps (default {POWERSGD_START_ITER}) are left out: "
+        "step 1 sets up gloo's",
+        f"connections, and powersgd runs a plain allreduce for its first "
+        f"{POWERSGD_START_ITER} steps (torch's",
+        "start_powerSGD_iter), so every measured powersgd step is a compressed one.",
+        "Files in runs/<run-id>/: compress.txt (the table), compress.csv, compress.json,",
+        "compress.png (step time vs rate per hook; final loss and param diff per hook),",
+        "trace.json (Chrome trace of one step per hook at the lowest rate:",
+        "https://ui.perfetto.dev), and per job <rate>mbit-<hook>-r<round>/ with",
+        "logs/rank<R>.jsonl and node<N>.log.",
+        "Exit codes: 0 every job finished with identical replicas, 1 a job failed or the",
+        "replicas diverged, 2 bad arguments, 130 interrupted.",
+    ]
+)
 _TRAIN_FIELDS = ["model", "steps", "batch_size", "seed", "bucket_cap_mb"]
 
 

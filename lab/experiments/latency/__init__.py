@@ -42,13 +42,9 @@ DESCRIPTION = (
 )
 
 
-def _wrap(term: str) -> str:
-    return textwrap.fill(
-        f"{term} = {DEFINITIONS[term]}.", width=92, initial_indent="  ", subsequent_indent="    "
-    )
-
-
 _WORKLOAD = WORKLOAD  # the default's two phases, and why: .phases
+# the terms of the closing line that the epilog defines
+_TERMS = ("bucketing speedup", "overlap gain", "exposed communication", "comm ms/sample")
 
 EPILOG = "\n".join(
     [
@@ -60,15 +56,7 @@ EPILOG = "\n".join(
         "  auto cap at <ms> ms[, <phase> phase]: chose C MB (round 1), ..., N allreduces/step, ...",
         "  accumulation at <ms> ms: communication per sample Z.Zx lower with accumulate K (...)",
         "where",
-        *(
-            _wrap(t)
-            for t in (
-                "bucketing speedup",
-                "overlap gain",
-                "exposed communication",
-                "comm ms/sample",
-            )
-        ),
+        *common.definitions({t: DEFINITIONS[t] for t in _TERMS}),
         "Files in runs/<run-id>/: latency.csv, latency.json, latency.png (step time vs bucket",
         "cap), trace.json (Chrome trace: open in https://ui.perfetto.dev or chrome://tracing),",
         "gantt.png (one step, overlap on vs off), and per configuration and round a job",

@@ -38,10 +38,7 @@ DESCRIPTION = textwrap.fill(
 EPILOG = "\n".join(
     [
         "The table gives, per rank, medians over the measured steps:",
-        *(
-            textwrap.fill(f"{k} = {v}.", width=92, initial_indent="  ", subsequent_indent="    ")
-            for k, v in DEFINITIONS.items()
-        ),
+        *common.definitions(DEFINITIONS),
         "The closing line is",
         "  straggler rank R: its compute X.Xx slower, every rank's step Y.Yx (A -> B ms); the",
         "  others wait W ms per step in allreduce",

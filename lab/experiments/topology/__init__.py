@@ -17,7 +17,7 @@ from ddp.torchfree import config_from_args
 from lab import args as common
 from lab.experiments.reporting import report_sweep
 from lab.experiments.topology import page
-from lab.experiments.topology.analysis import analyse
+from lab.experiments.topology.analysis import DEFINITIONS, analyse
 from lab.experiments.topology.outputs import write_files
 from lab.experiments.topology.plan import QUICK, TRAIN_DEFAULTS, TopologyPlan
 from lab.experiments.topology.result import TopologyResult
@@ -39,33 +39,26 @@ DESCRIPTION = textwrap.fill(
 )
 
 
-def _epilog() -> str:
-    from lab.experiments.topology.analysis import DEFINITIONS
-
-    wrap = dict(width=92, initial_indent="  ", subsequent_indent="    ")
-    return "\n".join(
-        [
-            "The default workload lets the slow link set the step time: the deep MLP (24 tensors,",
-            "2.67 MB, a few ms of compute per rank) with one bucket per tensor (--bucket-cap-mb 0,",
-            "every configuration but auto), so 24 latency-bound allreduces per step; its 256 KB",
-            "weights make bytes count once --rate-mbit caps the link.",
-            "The table's figures:",
-            *(textwrap.fill(f"{k} = {v}.", **wrap) for k, v in DEFINITIONS.items()),
-            "The last line, for scripts:",
-            "  step time vs torch DDP (2 nodes x 2 ranks, 5 ms): hierarchical R,",
-            "  hierarchical-fp16 R, auto cap R, flat R",
-            "  (R: median step time / torch DDP's, e.g. 0.45x; < 1 is faster)",
-            "Files in runs/<run-id>/: topology.txt (the table), topology.csv, topology.json,",
-            "topology.png (step time per configuration), and per job",
-            "<configuration>-r<round>/ with logs/rank<R>.jsonl, node<N>.log and eth0-node<N>.txt",
-            "(the sampled byte counters).",
-            "Exit codes: 0 every job finished with parity holding, 1 a job failed or parity broke,",
-            "2 bad arguments, 130 interrupted.",
-        ]
-    )
-
-
-EPILOG = _epilog()
+EPILOG = "\n".join(
+    [
+        "The default workload lets the slow link set the step time: the deep MLP (24 tensors,",
+        "2.67 MB, a few ms of compute per rank) with one bucket per tensor (--bucket-cap-mb 0,",
+        "every configuration but auto), so 24 latency-bound allreduces per step; its 256 KB",
+        "weights make bytes count once --rate-mbit caps the link.",
+        "The table's figures:",
+        *common.definitions(DEFINITIONS),
+        "The last line, for scripts:",
+        "  step time vs torch DDP (2 nodes x 2 ranks, 5 ms): hierarchical R,",
+        "  hierarchical-fp16 R, auto cap R, flat R",
+        "  (R: median step time / torch DDP's, e.g. 0.45x; < 1 is faster)",
+        "Files in runs/<run-id>/: topology.txt (the table), topology.csv, topology.json,",
+        "topology.png (step time per configuration), and per job",
+        "<configuration>-r<round>/ with logs/rank<R>.jsonl, node<N>.log and eth0-node<N>.txt",
+        "(the sampled byte counters).",
+        "Exit codes: 0 every job finished with parity holding, 1 a job failed or parity broke,",
+        "2 bad arguments, 130 interrupted.",
+    ]
+)
 
 _TRAIN_FIELDS = ["model", "steps", "batch_size", "bucket_cap_mb", "seed"]
 _QUICK = f"--quick {QUICK['rounds']}"
