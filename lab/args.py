@@ -23,6 +23,7 @@ __all__ = [
     "add_job_flags",
     "add_nodes",
     "add_procs_per_node",
+    "add_rounds",
     "add_run_timeout",
     "add_shaper",
     "add_train_flags",
@@ -151,6 +152,12 @@ def add_nodes(
         default=default,
         help=f"{what} (default {default if shown is None else shown}{note})",
     )
+
+
+def add_rounds(p: Flags, help: str, default: int | None = None) -> None:
+    """``--rounds``: how often a sweep runs each of its configurations, interleaved, pooling
+    the steps; ``default`` None leaves it unset, so a plan can tell it was not given."""
+    p.add_argument("--rounds", type=number(1, kind=int), default=default, help=help)
 
 
 def add_warmup(p: Flags, default: int, why: str = "", note: str = "") -> None:

@@ -90,10 +90,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         ": gloo's set-up and powersgd's uncompressed steps",
         ", the least with powersgd",
     )
-    p.add_argument(
-        "--rounds",
-        type=common.number(1, kind=int),
-        help="run every hook this often per rate, interleaved, and pool the steps (default 2; "
+    common.add_rounds(
+        p,
+        "run every hook this often per rate, interleaved, and pool the steps (default 2; "
         f"--quick {QUICK.rounds})",
     )
     common.add_nodes(p, None, f"; --quick {QUICK.nodes}", shown=CompressPlan.nodes)

@@ -118,12 +118,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     common.add_impairments(p)
     _add_sweep_arguments(p)
     common.add_warmup(p, 2, " (gloo connection set-up)")
-    p.add_argument(
-        "--rounds",
-        type=common.number(1, kind=int),
-        default=_ROUNDS,
-        help="run the whole plan this often, interleaved, and pool the steps: drift of the "
-        "host's load then hits every configuration alike (default %(default)s)",
+    common.add_rounds(
+        p,
+        "run the whole plan this often, interleaved, and pool the steps: drift of the "
+        f"host's load then hits every configuration alike (default {_ROUNDS})",
+        _ROUNDS,
     )
     p.add_argument(
         "--backward-ms",

@@ -92,10 +92,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         TopologyPlan.warmup,
         " and the bytes: gloo's set-up, the bucket rebuild, the auto cap's measurements",
     )
-    layout.add_argument(
-        "--rounds",
-        type=common.number(1, kind=int),
-        help="every configuration this often, interleaved, steps pooled "
+    common.add_rounds(
+        layout,
+        "every configuration this often, interleaved, steps pooled "
         f"(default {TopologyPlan.rounds}; {_QUICK})",
     )
     layout.add_argument(
