@@ -19,16 +19,16 @@ import time
 
 import pytest
 
-from ddp.program.config import TrainConfig
 from ddp.program.records import ConfigRecord, StepRecord, load_run
 from lab.engine.cluster import Cluster
 from lab.engine.events import RecordEvent
 from lab.engine.hosts import HostSet, parse_hosts
 from lab.engine.layout import Layout
-from lab.engine.specs import DEFAULT_IMAGE, LABEL, job_dir
+from lab.engine.specs import DEFAULT_IMAGE, LABEL
 from lab.engine.training import Torchrun
 from lab.faults.host import HostDown
 from tests.docker.several_hosts import HOSTS, lab, run_across, run_ok, swarm_states
+from tests.docker.test_torchrun_elastic import ELASTIC
 from tests.helpers import leftovers
 
 pytestmark = pytest.mark.docker
@@ -96,14 +96,7 @@ def test_torchrun_survives_a_lost_host(engines, client, tmp_path):
     """3 hosts x 1 worker, --nnodes 2:3: host2 goes away at step 5; the survivors' agents
     re-rendezvous as a world of 2 and finish. No checkpoint: each host has only its own volume
     and ddp loads rank 0's checkpoint from a shared directory, so the new world starts fresh."""
-    cfg = TrainConfig(
-        steps=10,
-        batch_size=12,
-        auto_resume=True,
-        step_delay_ms=300,
-        collective_timeout_s=60,
-        log_dir=job_dir("elastic"),
-    )
+    cfg = ELASTIC.replace(checkpoint_every=0)  # the one-engine test's job, no checkpoints
     fault, seen = HostDown(), {}
     hosts = HostSet(parse_hosts(HOSTS))
     with Cluster(client, Layout(3, 1), run_dir=tmp_path, lifetime_s=900, hosts=hosts) as cluster:
