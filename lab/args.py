@@ -41,7 +41,7 @@ __all__ = [
     "run_fields",
 ]
 
-Flags = argparse.ArgumentParser | argparse._ArgumentGroup
+_Flags = argparse.ArgumentParser | argparse._ArgumentGroup
 
 
 def number(minimum: float = 0.0, *, strict: bool = False, kind: type = float) -> Callable:
@@ -124,20 +124,20 @@ def add_impairments(p: argparse.ArgumentParser, where: str = "every node's link"
 
 
 def add_shaper(
-    p: Flags, help: str = "auto: netem if the kernel has it, else the nfqueue delayer"
+    p: _Flags, help: str = "auto: netem if the kernel has it, else the nfqueue delayer"
 ) -> None:
     """``--shaper``: which shaper delays the links (:mod:`lab.shaping.registry`), auto by
     default; ``help`` says what it shapes when that is not every link."""
     p.add_argument("--shaper", choices=CHOICES, default="auto", help=f"{help} (default auto)")
 
 
-def add_cpus(p: Flags, help: str) -> None:
+def add_cpus(p: _Flags, help: str) -> None:
     """``--cpus``: a CPU limit in cores (> 0) on the containers ``help`` names; no default."""
     p.add_argument("--cpus", type=number(0, strict=True), metavar="CORES", help=help)
 
 
 def add_nodes(
-    p: Flags,
+    p: _Flags,
     default: int | None,
     note: str = "",
     *,
@@ -154,13 +154,13 @@ def add_nodes(
     )
 
 
-def add_rounds(p: Flags, help: str, default: int | None = None) -> None:
+def add_rounds(p: _Flags, help: str, default: int | None = None) -> None:
     """``--rounds``: how often a sweep runs each of its configurations, interleaved, pooling
     the steps; ``default`` None leaves it unset, so a plan can tell it was not given."""
     p.add_argument("--rounds", type=number(1, kind=int), default=default, help=help)
 
 
-def add_warmup(p: Flags, default: int, why: str = "", note: str = "") -> None:
+def add_warmup(p: _Flags, default: int, why: str = "", note: str = "") -> None:
     """``--warmup``: the first steps a sweep leaves out of its medians, and ``why``."""
     p.add_argument(
         "--warmup",
