@@ -5,31 +5,43 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+import textwrap
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from ddp.torchfree import GROUPS, TrainConfig, add_train_arguments, flag_of
 from lab.engine.specs import DEFAULT_IMAGE
 from lab.shaping.impair import DISTRIBUTIONS, Impairments
+from lab.shaping.registry import CHOICES
 
 __all__ = [
     "add_collective_timeout",
     "add_common",
+    "add_cpus",
     "add_impairments",
     "add_job_flags",
+    "add_nodes",
     "add_procs_per_node",
+    "add_rounds",
     "add_run_timeout",
+    "add_shaper",
     "add_train_flags",
+    "add_warmup",
     "cap_list",
     "check_finite",
     "check_job",
     "check_timeouts",
     "check_warmup",
+    "definitions",
     "float_list",
     "impairments",
     "node_value",
     "number",
+    "run_fields",
 ]
+
+_Flags = argparse.ArgumentParser | argparse._ArgumentGroup
 
 
 def number(minimum: float = 0.0, *, strict: bool = False, kind: type = float) -> Callable:
@@ -109,6 +121,62 @@ def add_impairments(p: argparse.ArgumentParser, where: str = "every node's link"
         metavar="P",
         help=f"drop each packet with probability P%% on {where} (default 0; below 50)",
     )
+
+
+def add_shaper(
+    p: _Flags, help: str = "auto: netem if the kernel has it, else the nfqueue delayer"
+) -> None:
+    """``--shaper``: which shaper delays the links (:mod:`lab.shaping.registry`), auto by
+    default; ``help`` says what it shapes when that is not every link."""
+    p.add_argument("--shaper", choices=CHOICES, default="auto", help=f"{help} (default auto)")
+
+
+def add_cpus(p: _Flags, help: str) -> None:
+    """``--cpus``: a CPU limit in cores (> 0) on the containers ``help`` names; no default."""
+    p.add_argument("--cpus", type=number(0, strict=True), metavar="CORES", help=help)
+
+
+def add_nodes(
+    p: _Flags,
+    default: int | None,
+    note: str = "",
+    *,
+    shown: int | None = None,
+    what: str = "containers, one rank each",
+) -> None:
+    """``--nodes``: how many containers (at least 2). ``default`` None leaves it unset, so a
+    plan can tell it was not given; ``shown`` is then the default --help names."""
+    p.add_argument(
+        "--nodes",
+        type=number(2, kind=int),
+        default=default,
+        help=f"{what} (default {default if shown is None else shown}{note})",
+    )
+
+
+def add_rounds(p: _Flags, help: str, default: int | None = None) -> None:
+    """``--rounds``: how often a sweep runs each of its configurations, interleaved, pooling
+    the steps; ``default`` None leaves it unset, so a plan can tell it was not given."""
+    p.add_argument("--rounds", type=number(1, kind=int), default=default, help=help)
+
+
+def add_warmup(p: _Flags, default: int, why: str = "", note: str = "") -> None:
+    """``--warmup``: the first steps a sweep leaves out of its medians, and ``why``."""
+    p.add_argument(
+        "--warmup",
+        type=number(0, kind=int),
+        default=default,
+        help=f"first steps left out of the medians{why} (default {default}{note})",
+    )
+
+
+def definitions(terms: Mapping[str, str]) -> list[str]:
+    """An epilog's ``term = definition.`` lines, each wrapped to the help's width and indented
+    under the line that introduces them."""
+    return [
+        textwrap.fill(f"{k} = {v}.", width=92, initial_indent="  ", subsequent_indent="    ")
+        for k, v in terms.items()
+    ]
 
 
 def impairments(args: argparse.Namespace) -> Impairments:
@@ -212,6 +280,16 @@ def add_job_flags(
     add_collective_timeout(p, defaults.collective_timeout_s)
     add_run_timeout(p, 300.0, what)
     add_common(p)
+
+
+def run_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """A plan's fields from :func:`add_run_timeout`'s and :func:`add_common`'s flags."""
+    return {
+        "run_timeout_s": args.run_timeout,
+        "image": args.image,
+        "runs_dir": args.runs_dir,
+        "progress": args.progress,
+    }
 
 
 def add_procs_per_node(p: argparse.ArgumentParser, help: str) -> None:

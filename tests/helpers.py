@@ -18,7 +18,19 @@ import pytest
 
 from ddp.program.launch import spawn_ranks
 
-__all__ = ["cli_error", "finish", "leftovers", "run_ranks", "train_ranks"]
+__all__ = [
+    "ROOT",
+    "cli_error",
+    "finish",
+    "leftovers",
+    "run_ddp",
+    "run_module",
+    "run_ranks",
+    "train_ranks",
+]
+
+ROOT = Path(__file__).resolve().parents[1]
+_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def run_ranks(
@@ -28,11 +40,34 @@ def run_ranks(
     return spawn_ranks(fn, world_size, *args, rendezvous_dir=str(tmp_path), timeout_s=timeout_s)
 
 
-def train_ranks(tmp_path: Path, world_size: int, *args: str) -> list[subprocess.Popen]:
+def run_ddp(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python -m ddp ARGS`` from the repository's root, a thread per rank, its output
+    captured as text."""
+    return run_module("ddp", *args, timeout=timeout, env=_ENV)
+
+
+def run_module(
+    module: str, *args: str, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` from the repository's root, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def train_ranks(
+    tmp_path: Path, world_size: int, *args: str, per_rank: list[list[str]] | None = None
+) -> list[subprocess.Popen]:
     """Start ``python -m ddp train`` once per rank, as containers do: separate processes on a
-    shared file:// rendezvous (fresh under ``tmp_path``), output captured as text."""
+    shared file:// rendezvous (fresh under ``tmp_path``), output captured as text. Rank R's
+    flags are ``args`` and then ``per_rank[R]``."""
     rdzv = tempfile.mkdtemp(prefix="rdzv-", dir=tmp_path)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    more = per_rank or [[] for _ in range(world_size)]
     return [
         subprocess.Popen(
             [
@@ -47,11 +82,12 @@ def train_ranks(tmp_path: Path, world_size: int, *args: str) -> list[subprocess.
                 "--init-method",
                 f"file://{rdzv}/rdzv",
                 *args,
+                *more[r],
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=env,
+            env=_ENV,
         )
         for r in range(world_size)
     ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from ddp.torchfree import EndRecord, TrainConfig
 from lab.engine.client import NodeFailed, RunTimeout
@@ -17,27 +18,36 @@ from lab.engine.cluster import Cluster
 from lab.engine.job import Job
 from lab.progress import Progress, follow_steps
 
-__all__ = ["FAIL_GRACE_S", "WAIT_SLACK_S", "check_finished", "holds", "train_to_end"]
+__all__ = ["FAIL_GRACE_S", "WAIT_SLACK_S", "Bounds", "check_finished", "holds", "train_to_end"]
 
 FAIL_GRACE_S = 10.0  # after a rank fails, how long the others get to say what they saw
 WAIT_SLACK_S = 30.0  # the launcher ends ranks at --run-timeout; the host waits this much more
+
+
+class Bounds(Protocol):
+    """What a sweep's plan says about each of its jobs: how long it may take, and whether a
+    progress bar is shown."""
+
+    run_timeout_s: float
+    progress: bool
 
 
 def train_to_end(
     cluster: Cluster,
     name: str,
     cfg: TrainConfig,
-    timeout_s: float,
+    plan: Bounds,
     *,
     where: str,
     slow_hint: str,
-    progress: bool,
     echo: Callable[[str], None],
     broken_parity_ok: bool = False,
 ) -> Job:
-    """Run job ``name`` with ``cfg`` on every rank and return it once every rank finished;
-    raises as :func:`check_finished` does. ``where`` names the job in errors."""
-    shown = Progress(cfg.steps, enabled=progress, echo=echo)
+    """Run job ``name`` with ``cfg`` on every rank, within ``plan``'s run timeout, and return
+    it once every rank finished; raises as :func:`check_finished` does. ``where`` names the job
+    in errors."""
+    timeout_s = plan.run_timeout_s
+    shown = Progress(cfg.steps, enabled=plan.progress, echo=echo)
     try:
         job = cluster.train(name, cfg, timeout_s, echo=follow_steps(shown))
         running = job.wait(timeout_s + WAIT_SLACK_S, fail_grace_s=FAIL_GRACE_S)

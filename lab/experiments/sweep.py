@@ -78,7 +78,7 @@ def run_sweep(
     settings: Iterable[S],
     *,
     new_result: Callable[[Any, str, Any], R],
-    header: Callable[[R], str],
+    header: Callable[[R], str] | None = None,
     link: Callable[[Cluster, Any, S, float], AbstractContextManager[Shaped]],
     run_job: Callable[[Cluster, Any, Any, Echo], Any],
     describe: Callable[[Any, int, int], str],
@@ -87,7 +87,13 @@ def run_sweep(
 ) -> R:
     """Per setting, in order: ``link(cluster, plan, setting, lifetime_s)`` shaped and verified,
     then every job of ``plan.jobs(setting)`` run with ``run_job(cluster, plan, job, echo)``
-    while the link holds, each followed by its ``describe(run, done, total)`` line."""
+    while the link holds, each followed by its ``describe(run, done, total)`` line. The run's
+    first line is ``header(result)``, by default its id, ``plan.describe()`` and its folder."""
+    if header is None:
+
+        def header(r: R) -> str:
+            return f"run {r.run_id}: {plan.describe()}; output in {r.run_dir}/"
+
     lifetime_s = lifetime(plan.total, plan.run_timeout_s)
     with sweep_cluster(plan, new_result, header, echo, lifetime_s=lifetime_s, cpus=cpus) as (
         cluster,

@@ -5,12 +5,12 @@ belong to the run."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ddp.torchfree import Headline, Page, Section
-from lab.report.common import command_line
+from lab.report.common import command_line, ranks_section
 from lab.report.summary import RunSummary, started_at
 
 __all__ = ["Results", "ratio_text", "sweep_results"]
@@ -33,20 +33,25 @@ def sweep_results(
     name: str,
     result: Any,
     sections: Sequence[Section],
-    problems: list[str],
-    headline: tuple[str, str, bool],
+    ranks: Mapping[str, Mapping[int, int]],
+    headline: tuple[str, str, str],
     configs: dict[str, float],
     files: Sequence[tuple[str, str]],
-    jobs: Sequence[str],
+    jobs: Sequence[str] | None = None,
 ) -> Results:
-    """The page and the summary of a sweep's run, from its sections and its headline
-    (verdict, key figure, ok): both say the same command, verdict and figure."""
-    verdict, figure, ok = headline
+    """The page and the summary of a sweep's run, from its sections, each job's exit codes
+    (``ranks``: how each rank ended closes the page) and its headline (what broke, "" when
+    nothing did; the verdict when nothing did; the key figure): both say the same command,
+    verdict and figure. ``jobs``, those whose logs belong to the run: ``ranks``' by default."""
+    broken, held, figure = headline
+    verdict, ok = broken or held, not broken
+    problems: list[str] = []
+    sections = [*sections, ranks_section(result.run_dir, ranks, problems)]
     command = command_line(name)
     page = Page(
         f"lab {name}: run {result.run_id}",
         Headline(command, verdict, figure, ok),
-        list(sections),
+        sections,
         problems=problems,
     )
     summary = RunSummary(
@@ -60,4 +65,4 @@ def sweep_results(
         ok,
         configs,
     )
-    return Results(page, summary, list(files), list(jobs))
+    return Results(page, summary, list(files), list(ranks if jobs is None else jobs))

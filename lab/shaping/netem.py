@@ -48,20 +48,7 @@ def netem_add(
     if not delay_ms >= 0:
         raise ValueError(f"delay must be >= 0 ms, got {delay_ms!r}")
     extra = impair.netem_args() if impair else []
-    return [
-        "tc",
-        "qdisc",
-        "add",
-        "dev",
-        dev,
-        "root",
-        "handle",
-        handle,
-        "netem",
-        "delay",
-        f"{delay_ms:g}ms",
-        *extra,
-    ]
+    return _qdisc("add", dev, "root", "handle", handle, "netem", "delay", f"{delay_ms:g}ms", *extra)
 
 
 def _tbf_burst_bytes(rate_mbit: float) -> int:
@@ -80,26 +67,17 @@ def tbf_add(
     if not rate_mbit > 0:
         raise ValueError(f"rate must be > 0 Mbit/s, got {rate_mbit!r}")
     where = ["parent", parent] if parent else ["root"]
-    return [
-        "tc",
-        "qdisc",
-        "add",
-        "dev",
-        dev,
-        *where,
-        "tbf",
-        "rate",
-        f"{rate_mbit:g}mbit",
-        "burst",
-        str(_tbf_burst_bytes(rate_mbit)),
-        "latency",
-        f"{latency_ms:g}ms",
-    ]
+    rate = ["rate", f"{rate_mbit:g}mbit", "burst", str(_tbf_burst_bytes(rate_mbit))]
+    return _qdisc("add", dev, *where, "tbf", *rate, "latency", f"{latency_ms:g}ms")
 
 
 def qdisc_del_root(dev: str) -> list[str]:
     """`tc` argv removing the root qdisc of `dev` (and everything below it): undoes both adds."""
-    return ["tc", "qdisc", "del", "dev", dev, "root"]
+    return _qdisc("del", dev, "root")
+
+
+def _qdisc(verb: str, dev: str, *rest: str) -> list[str]:
+    return ["tc", "qdisc", verb, "dev", dev, *rest]
 
 
 def is_netem_missing(text: str) -> bool:

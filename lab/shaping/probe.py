@@ -92,8 +92,11 @@ def ping(
     return json.loads(lines[-1])
 
 
-def _json_line(src: Node, argv: list[str]) -> dict[str, float]:
-    out = check(src, argv)
+def _probe(src: Node, python: str, kind: str, dst: Node, port: int, *more: str) -> dict[str, float]:
+    """``python -m lab.node.probe KIND`` on ``src`` against ``dst``'s ``port``: its last JSON
+    line."""
+    argv = [python, "-m", "lab.node.probe", kind, "--host", dst.address, "--port", str(port)]
+    out = check(src, [*argv, *more])
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     if not lines:
         raise ShapingError(f"{src.name}: the probe printed no result: {out.strip()[-300:]}")
@@ -109,46 +112,14 @@ def udp(
     wait_ms: float = 200.0,
 ) -> dict[str, float]:
     """UDP echoes ``src`` -> ``dst``: ``loss_pct`` (of round trips), ``iqr_sd_ms``, ..."""
-    return _json_line(
-        src,
-        [
-            python,
-            "-m",
-            "lab.node.probe",
-            "udp",
-            "--host",
-            dst.address,
-            "--port",
-            str(port),
-            "--count",
-            str(count),
-            "--wait-ms",
-            f"{wait_ms:g}",
-        ],
-    )
+    return _probe(src, python, "udp", dst, port, "--count", str(count), "--wait-ms", f"{wait_ms:g}")
 
 
 def bulk(
     src: Node, dst: Node, port: int, python: str = "python3", mbytes: float = 8.0
 ) -> dict[str, float]:
     """A TCP bulk transfer ``src`` -> ``dst``: ``mbit_s``."""
-    return _json_line(
-        src,
-        [
-            python,
-            "-m",
-            "lab.node.probe",
-            "bulk",
-            "--host",
-            dst.address,
-            "--port",
-            str(port),
-            "--mbytes",
-            f"{mbytes:g}",
-            "--timeout",
-            "120",
-        ],
-    )
+    return _probe(src, python, "bulk", dst, port, "--mbytes", f"{mbytes:g}", "--timeout", "120")
 
 
 def verify_jitter(measured_sd_ms: float, baseline_sd_ms: float, impair: Impairments) -> float:

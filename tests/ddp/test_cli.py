@@ -13,24 +13,14 @@ from torch import nn
 
 from ddp import DistributedDataParallel
 from ddp.program.records import StepRecord, read_rank_log
-from tests.helpers import finish, train_ranks
+from tests.helpers import finish, run_ddp, train_ranks
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def _ddp(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ddp", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=ENV,
-    )
-
-
 @pytest.mark.timeout(150)
 def test_local_run_prints_table_and_parity_verdict(tmp_path):
-    r = _ddp(
+    r = run_ddp(
         "--world-size",
         "2",
         "--steps",
@@ -58,7 +48,7 @@ def test_local_run_prints_table_and_parity_verdict(tmp_path):
 @pytest.mark.parametrize("hook", ["fp16", "powersgd"])
 def test_compression_is_reported_not_hidden(hook):
     """Replicas stay identical; the distance to the exact run is the price, shown, not judged."""
-    r = _ddp("--world-size", "2", "--steps", "4", "--comm-hook", hook)
+    r = run_ddp("--world-size", "2", "--steps", "4", "--comm-hook", hook)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"comm hook {hook}" in r.stdout.splitlines()[0]
     last = r.stdout.strip().splitlines()[-1]
@@ -70,7 +60,7 @@ def test_compression_is_reported_not_hidden(hook):
 
 @pytest.mark.timeout(150)
 def test_barrier_sync_breaks_parity():
-    r = _ddp("--world-size", "2", "--steps", "2", "--sync", "barrier")
+    r = run_ddp("--world-size", "2", "--steps", "2", "--sync", "barrier")
     assert r.returncode == 1
     assert "parity broken: replicas diverged at step 1" in r.stdout
 
@@ -86,7 +76,7 @@ def test_barrier_sync_breaks_parity():
     ],
 )
 def test_bad_arguments_exit_2_with_a_reason(args, message):
-    r = _ddp(*args, timeout=60)
+    r = run_ddp(*args, timeout=60)
     assert r.returncode == 2
     assert message in r.stderr
 
@@ -191,7 +181,7 @@ def _one_line_error(r: subprocess.CompletedProcess) -> str:
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message):
-    r = _ddp(*args, timeout=60)
+    r = run_ddp(*args, timeout=60)
     assert r.returncode == 2, r.stdout + r.stderr
     assert message in _one_line_error(r)
 
@@ -199,7 +189,7 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
 @pytest.mark.timeout(60)
 def test_a_peer_that_never_joins_is_named_with_exit_3(tmp_path):
     rdzv = tmp_path / "rdzv"
-    r = _ddp(
+    r = run_ddp(
         "train",
         "--rank",
         "0",
@@ -230,7 +220,7 @@ def test_a_stale_rendezvous_file_is_bad_input(tmp_path):
     path = tmp_path / "rdzv"
     store = dist.FileStore(str(path), 2)
     store.set("ddp/joined/0", "1")  # what a crashed earlier run leaves behind
-    r = _ddp(
+    r = run_ddp(
         "train",
         "--rank",
         "0",

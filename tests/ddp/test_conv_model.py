@@ -4,20 +4,13 @@ real 2-rank run."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from ddp.program.models import IN_FEATURES, NUM_CLASSES, ConvNet, build_model
 from ddp.program.records import load_run
 from ddp.wrapper.buckets import plan_buckets, torch_caps
-
-ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+from tests.helpers import run_ddp
 
 MB = 1 << 20
 
@@ -46,28 +39,8 @@ def test_a_small_cap_gives_every_convolution_its_own_bucket_and_a_tiny_last_one(
 
 @pytest.mark.timeout(150)
 def test_conv_parity_with_eight_buckets(tmp_path):
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ddp",
-            "--world-size",
-            "2",
-            "--steps",
-            "3",
-            "--model",
-            "conv",
-            "--bucket-cap-mb",
-            "0.15",
-            "--log-dir",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=140,
-        env=ENV,
-    )
+    conv = ["--model", "conv", "--bucket-cap-mb", "0.15", "--log-dir", str(tmp_path)]
+    r = run_ddp("--world-size", "2", "--steps", "3", *conv, timeout=140)
     assert r.returncode == 0, r.stderr
     # step 1 runs with one bucket, then the plan is rebuilt by the cap (ddp.wrapper.reducer)
     assert [s.num_buckets for s in load_run(tmp_path)[0].steps] == [1, 8, 8]

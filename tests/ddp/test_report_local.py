@@ -7,31 +7,19 @@ from __future__ import annotations
 import base64
 import html
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import run_ddp
+
 _TB_REASON = "tensorboard is not installed (pip install -c constraints.txt -e '.[lab]')"
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> tuple[Path, str]:
     log_dir = tmp_path_factory.mktemp("ddp-run") / "logs"
-    cmd = [
-        sys.executable,
-        "-m",
-        "ddp",
-        "--world-size",
-        "2",
-        "--steps",
-        "3",
-        "--log-dir",
-        str(log_dir),
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    proc = run_ddp("--world-size", "2", "--steps", "3", "--log-dir", str(log_dir), timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"report: {log_dir / 'report.html'}" in proc.stderr  # stdout: the table, verdict last
     assert proc.stdout.splitlines()[-1].startswith("parity holds")

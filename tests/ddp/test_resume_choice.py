@@ -5,7 +5,6 @@ while a live writer's stays."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from ddp.program.models import build_model
 from ddp.program.reference import sgd
 from ddp.program.resume import _load, fingerprint_difference, run_fingerprint
 from tests.ddp.test_faults import _end_hash
-from tests.helpers import finish, train_ranks
+from tests.helpers import finish, run_ddp, train_ranks
 
 
 def _fingerprint(**changes) -> dict:
@@ -101,14 +100,7 @@ def test_forced_state_trains_under_this_runs_settings():
 
 
 def _ddp(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "ddp", "--world-size", "1", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env=env,
-    )
+    return run_ddp("--world-size", "1", *args, timeout=timeout_s)
 
 
 @pytest.mark.timeout(300)
@@ -188,22 +180,11 @@ def test_a_stale_volume_does_not_decide(tmp_path):
     assert "parity holds" in finish(train_ranks(tmp_path, 2, *common, *two), 120)[0]
     checkpoint_path(a, 6).unlink()  # rank 0's host lost its newest: step 4 is left
 
-    procs = []
-    rdzv = tmp_path / "rdzv-again"
-    rdzv.mkdir()
-    for r, volume in enumerate((a, b)):
-        argv = [sys.executable, "-m", "ddp", "train", "--rank", str(r), "--world-size", "2"]
-        argv += ["--init-method", f"file://{rdzv}/rdzv", *common, "--steps", "6", "--resume"]
-        argv += ["--checkpoint-dir", str(volume), "--log-dir", str(tmp_path / f"again{r}")]
-        procs.append(
-            subprocess.Popen(
-                argv,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env={**os.environ, "OMP_NUM_THREADS": "1"},
-            )
-        )
+    volumes = [
+        ["--checkpoint-dir", str(volume), "--log-dir", str(tmp_path / f"again{r}")]
+        for r, volume in enumerate((a, b))
+    ]
+    procs = train_ranks(tmp_path, 2, *common, "--steps", "6", "--resume", per_rank=volumes)
     again = finish(procs, 120)
     assert (
         f"skipping checkpoint {b}/ckpt_00000006.pt: another run's, --lr 0.05 here, 0.5 in the "

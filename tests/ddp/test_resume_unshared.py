@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import tempfile
 
 import pytest
 
@@ -21,30 +18,7 @@ ARGS = ["--steps", "8", "--collective-timeout", "20", "--model", "deep", "--batc
 
 def _ranks(tmp_path, per_rank):
     """One ``python -m ddp train`` per rank, each with its own extra flags."""
-    rdzv = tempfile.mkdtemp(prefix="rdzv-", dir=tmp_path)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = []
-    for r, flags in enumerate(per_rank):
-        argv = [
-            sys.executable,
-            "-m",
-            "ddp",
-            "train",
-            "--rank",
-            str(r),
-            "--world-size",
-            str(WORLD),
-            "--init-method",
-            f"file://{rdzv}/rdzv",
-            *ARGS,
-            *flags,
-        ]
-        procs.append(
-            subprocess.Popen(
-                argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-            )
-        )
-    return procs
+    return train_ranks(tmp_path, WORLD, *ARGS, per_rank=per_rank)
 
 
 @pytest.mark.timeout(300)

@@ -5,28 +5,24 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 from lab.engine.specs import LABEL
-from tests.helpers import leftovers
+from tests.helpers import leftovers, run_module
 
-__all__ = ["PNG", "ROOT", "run_lab"]
+__all__ = ["PNG", "lab", "run_lab"]
 
-ROOT = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def lab(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """``python -m lab ARGS`` from the repository's root, its output captured."""
+    return run_module("lab", *args, timeout=timeout)
 
 
 def run_lab(client: Any, args: list[str], timeout: float) -> tuple[str, str]:
     """``python -m lab ARGS``, asserted to exit 0 and leave nothing behind; (stdout, run id)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "lab", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    proc = lab(*args, timeout=timeout)
     out = proc.stdout
     assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{proc.stderr}"
     run_id = re.search(r"^run (\S+):", out, re.M).group(1)

@@ -8,15 +8,13 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 from lab.engine.specs import LABEL
+from tests.docker.lab_run import lab
 from tests.helpers import leftovers
 
-__all__ = ["HOSTS", "LOCAL", "ROOT", "lab", "route", "run_across", "swarm_states"]
+__all__ = ["HOSTS", "LOCAL", "lab", "route", "run_across", "run_ok", "swarm_states"]
 
-ROOT = Path(__file__).resolve().parents[2]
 LOCAL = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 # host0 is this machine's engine: the others reach it at the root end of host1's veth.
 HOSTS = f"{LOCAL}=10.77.1.1,unix:///var/run/docker-host1.sock,unix:///var/run/docker-host2.sock"
@@ -51,16 +49,6 @@ def swarm_states(clients):
     return [c.info()["Swarm"]["LocalNodeState"] for c in clients]
 
 
-def lab(*args, timeout=900):
-    return subprocess.run(
-        [sys.executable, "-m", "lab", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def run_across(engines, *args, timeout=900):
     """``python -m lab ARGS --hosts HOSTS``: the process, and its run's directory; asserts the
     run left nothing on any engine and the swarm state as found."""
@@ -72,3 +60,11 @@ def run_across(engines, *args, timeout=900):
         assert leftovers(engine, f"{LABEL}={m.group(1)}") == []
     assert swarm_states(engines) == found
     return proc, m.group(1)
+
+
+def run_ok(engines, argv, runs_dir, timeout=900):
+    """:func:`run_across` of ``ARGV --runs-dir RUNS_DIR`` (``argv`` split at spaces), asserted
+    to exit 0: the process and its run's id."""
+    proc, run_id = run_across(engines, *argv.split(), "--runs-dir", str(runs_dir), timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    return proc, run_id

@@ -19,16 +19,16 @@ import time
 
 import pytest
 
-from ddp.program.config import TrainConfig
 from ddp.program.records import ConfigRecord, StepRecord, load_run
 from lab.engine.cluster import Cluster
 from lab.engine.events import RecordEvent
 from lab.engine.hosts import HostSet, parse_hosts
 from lab.engine.layout import Layout
-from lab.engine.specs import DEFAULT_IMAGE, LABEL, job_dir
+from lab.engine.specs import DEFAULT_IMAGE, LABEL
 from lab.engine.training import Torchrun
 from lab.faults.host import HostDown
-from tests.docker.several_hosts import HOSTS, lab, run_across, swarm_states
+from tests.docker.several_hosts import HOSTS, lab, run_across, run_ok, swarm_states
+from tests.docker.test_torchrun_elastic import ELASTIC
 from tests.helpers import leftovers
 
 pytestmark = pytest.mark.docker
@@ -37,23 +37,11 @@ pytestmark = pytest.mark.docker
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("per_node", [1, 2])
 def test_lab_up_across_three_hosts_reaches_parity(engines, tmp_path, per_node):
-    proc, run_id = run_across(
+    proc, run_id = run_ok(
         engines,
-        "up",
-        "--nodes",
-        "3",
-        "--ranks-per-node",
-        str(per_node),
-        "--steps",
-        "6",
-        "--batch-size",
-        "48",
-        "--run-timeout",
-        "500",
-        "--runs-dir",
-        str(tmp_path),
+        f"up --nodes 3 --ranks-per-node {per_node} --steps 6 --batch-size 48 --run-timeout 500",
+        tmp_path,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     # host1 and host2 joined host0's swarm (made for the run, or one that was there) and left
     assert (
         "across 3 engines" in proc.stdout
@@ -96,23 +84,9 @@ def test_latency_quick_across_hosts_pays_off_like_one_engine(engines, client, tm
 
 @pytest.mark.timeout(900)
 def test_a_lost_host_is_diagnosed_with_its_ranks(engines, tmp_path):
-    proc, _ = run_across(
-        engines,
-        "kill",
-        "--mode",
-        "host",
-        "--host",
-        "2",
-        "--at-step",
-        "4",
-        "--nodes",
-        "3",
-        "--batch-size",
-        "48",
-        "--runs-dir",
-        str(tmp_path),
+    proc, _ = run_ok(
+        engines, "kill --mode host --host 2 --at-step 4 --nodes 3 --batch-size 48", tmp_path
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     assert "host2 down: docker kill of node2 at once (ranks [2])" in proc.stdout
     assert re.search(r"diagnosis: rank 2 missing", proc.stdout), proc.stdout[-3000:]
 
@@ -122,14 +96,7 @@ def test_torchrun_survives_a_lost_host(engines, client, tmp_path):
     """3 hosts x 1 worker, --nnodes 2:3: host2 goes away at step 5; the survivors' agents
     re-rendezvous as a world of 2 and finish. No checkpoint: each host has only its own volume
     and ddp loads rank 0's checkpoint from a shared directory, so the new world starts fresh."""
-    cfg = TrainConfig(
-        steps=10,
-        batch_size=12,
-        auto_resume=True,
-        step_delay_ms=300,
-        collective_timeout_s=60,
-        log_dir=job_dir("elastic"),
-    )
+    cfg = ELASTIC.replace(checkpoint_every=0)  # the one-engine test's job, no checkpoints
     fault, seen = HostDown(), {}
     hosts = HostSet(parse_hosts(HOSTS))
     with Cluster(client, Layout(3, 1), run_dir=tmp_path, lifetime_s=900, hosts=hosts) as cluster:
@@ -189,27 +156,12 @@ def test_a_host_without_the_image_is_refused_naming_the_fix(engines, tmp_path):
 
 @pytest.mark.timeout(900)
 def test_lab_kill_under_torchrun_takes_a_host_away_and_the_rest_go_on(engines, tmp_path):
-    proc, _ = run_across(
+    proc, _ = run_ok(
         engines,
-        "kill",
-        "--launcher",
-        "torchrun",
-        "--mode",
-        "host",
-        "--host",
-        "2",
-        "--at-step",
-        "5",
-        "--nodes",
-        "3",
-        "--checkpoint-every",
-        "0",
-        "--batch-size",
-        "48",
-        "--runs-dir",
-        str(tmp_path),
+        "kill --launcher torchrun --mode host --host 2 --at-step 5 --nodes 3 --checkpoint-every 0 "
+        "--batch-size 48",
+        tmp_path,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     assert "fault: host2 down: docker kill of node2 at once (ranks [" in proc.stdout
     assert "every rank of a world of 2 set up again after the fault" in proc.stdout
     last = proc.stdout.strip().splitlines()[-1]
@@ -219,18 +171,7 @@ def test_lab_kill_under_torchrun_takes_a_host_away_and_the_rest_go_on(engines, t
 @pytest.mark.timeout(900)
 def test_compress_quick_across_three_hosts(engines, tmp_path):
     """Every node's link capped and probed on its own engine; every hook holds parity."""
-    proc, run_id = run_across(
-        engines,
-        "compress",
-        "--quick",
-        "--nodes",
-        "3",
-        "--batch-size",
-        "48",
-        "--runs-dir",
-        str(tmp_path),
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    proc, run_id = run_ok(engines, "compress --quick --nodes 3 --batch-size 48", tmp_path)
     assert "node0 host0, node1 host1, node2 host2" in proc.stdout
     report = json.loads((tmp_path / run_id / "compress.json").read_text())
     assert len(report["runs"]) == 6 and all(job["parity"] for job in report["runs"])
@@ -245,25 +186,11 @@ def test_a_torchrun_restart_resumes_from_a_checkpoint_one_host_has(engines, tmp_
     """Rank 0 writes the checkpoints on its own host's volume only; after the restart the
     ranks on the other hosts get the newest by broadcast, and all end bitwise where an
     uninterrupted run does."""
-    proc, _ = run_across(
+    proc, _ = run_ok(
         engines,
-        "kill",
-        "--launcher",
-        "torchrun",
-        "--mode",
-        "kill",
-        "--rank",
-        "0",
-        "--at-step",
-        "5",
-        "--nodes",
-        "3",
-        "--batch-size",
-        "48",
-        "--runs-dir",
-        str(tmp_path),
+        "kill --launcher torchrun --mode kill --rank 0 --at-step 5 --nodes 3 --batch-size 48",
+        tmp_path,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     assert "the restarted workers resumed after step 4" in proc.stdout, proc.stdout[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("recovered: final parameters of all 3 ranks bitwise identical"), last

@@ -22,23 +22,8 @@ pytestmark = pytest.mark.docker
 
 @pytest.mark.timeout(1500)
 def test_live_recovery_with_a_replacement_and_the_restart_path(client, tmp_path):
-    argv = [
-        "kill",
-        "--recovery",
-        "live",
-        "--mode",
-        "kill",
-        "--rank",
-        "2",
-        "--at-step",
-        "4",
-        "--rejoin",
-        "--steps",
-        "30",
-        "--runs-dir",
-        str(tmp_path),
-    ]
-    out, run_id = run_lab(client, argv, 1450)
+    argv = "kill --recovery live --mode kill --rank 2 --at-step 4 --rejoin --steps 30"
+    out, run_id = run_lab(client, [*argv.split(), "--runs-dir", str(tmp_path)], 1450)
     last = out.strip().splitlines()[-1]
     assert re.fullmatch(
         r"live recovery: [\d.]+ s from the fault to the first committed step at world 3 "

@@ -21,6 +21,8 @@ from lab.engine.specs import DEFAULT_IMAGE
 from tests.docker.lab_run import run_lab
 
 pytestmark = pytest.mark.docker
+# the fault both tests pose: torchft's recovery of rank 2, killed in step 6
+_FAULT = ["kill", "--recovery", "torchft", "--mode", "kill", "--rank", "2", "--at-step", "6"]
 
 
 @pytest.mark.timeout(900)
@@ -30,23 +32,7 @@ def test_torchft_recovery_with_a_replacement(client, tmp_path):
         pytest.skip(f"{DEFAULT_IMAGE} was not built with --extras torchft")
     # 80 steps: the replacement's interpreter and torch import take seconds on a loaded host,
     # and it must find the survivors still training
-    argv = [
-        "kill",
-        "--recovery",
-        "torchft",
-        "--mode",
-        "kill",
-        "--rank",
-        "2",
-        "--at-step",
-        "6",
-        "--rejoin",
-        "--no-compare",
-        "--steps",
-        "80",
-        "--runs-dir",
-        str(tmp_path),
-    ]
+    argv = [*_FAULT, "--rejoin", "--no-compare", "--steps", "80", "--runs-dir", str(tmp_path)]
     out, run_id = run_lab(client, argv, 850)
     last = out.strip().splitlines()[-1]
     assert re.fullmatch(
@@ -72,21 +58,7 @@ def test_an_image_without_torchft_is_refused(client, capsys):
         client.images.get(bare)
     except docker.errors.ImageNotFound:
         pytest.skip(f"needs an image without the lab.extras label: {bare} is not here")
-    argv = [
-        "kill",
-        "--recovery",
-        "torchft",
-        "--mode",
-        "kill",
-        "--rank",
-        "2",
-        "--at-step",
-        "6",
-        "--no-compare",
-        "--image",
-        bare,
-    ]
     with pytest.raises(SystemExit) as e:
-        main(argv)
+        main([*_FAULT, "--no-compare", "--image", bare])
     assert e.value.code == 2
     assert f"image {bare} has no torchft" in capsys.readouterr().err

@@ -12,42 +12,23 @@ Run with ``pytest -m docker tests/docker/test_kill_torchrun.py`` after the lab i
 """
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from ddp.program.records import load_attempts
 from lab.engine.specs import LABEL
+from tests.docker.lab_run import lab
 from tests.helpers import leftovers
 
 pytestmark = pytest.mark.docker
-ROOT = Path(__file__).resolve().parents[2]
-FLAGS = [
-    "--launcher",
-    "torchrun",
-    "--mode",
-    "kill",
-    "--nodes",
-    "2",
-    "--procs-per-node",
-    "2",
-    "--max-restarts",
-    "1",
-    "--rank",
-    "3",
-    "--at-step",
-    "5",
-    "--steps",
-    "8",
-]
+_LAYOUT = ["--launcher", "torchrun", "--nodes", "2", "--procs-per-node", "2"]
+_FAULT = ["--mode", "kill", "--rank", "3", "--at-step", "5"]
+FLAGS = [*_LAYOUT, "--max-restarts", "1", *_FAULT, "--steps", "8"]
 
 
 @pytest.mark.timeout(900)
 def test_lab_kill_under_torchrun_recovers_bitwise(client, tmp_path):
-    argv = [sys.executable, "-m", "lab", "kill", "--runs-dir", str(tmp_path), "--no-progress"]
-    result = subprocess.run([*argv, *FLAGS], cwd=ROOT, capture_output=True, text=True, timeout=840)
+    result = lab("kill", "--runs-dir", str(tmp_path), "--no-progress", *FLAGS, timeout=840)
     out = result.stdout
     print(out[out.find("restart timeline") :])
     assert result.returncode == 0, out[-5000:] + result.stderr[-3000:]

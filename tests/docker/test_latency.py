@@ -7,14 +7,12 @@ from __future__ import annotations
 import csv
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
 from ddp.program.records import load_run
 from lab.engine.specs import LABEL
-from tests.docker.lab_run import PNG, ROOT, run_lab
+from tests.docker.lab_run import PNG, lab, run_lab
 from tests.helpers import leftovers
 
 pytestmark = pytest.mark.docker
@@ -22,27 +20,10 @@ pytestmark = pytest.mark.docker
 
 @pytest.mark.timeout(900)
 def test_latency_small_sweep_end_to_end(client, tmp_path):
-    out, run_id = run_lab(
-        client,
-        [
-            "latency",
-            "--ms",
-            "5",
-            "--caps",
-            "0,1",
-            "--steps",
-            "5",
-            "--rounds",
-            "1",
-            "--run-timeout",
-            "200",
-            "--collective-timeout",
-            "60",
-            "--runs-dir",
-            str(tmp_path),
-        ],
-        860,
+    argv = (
+        "latency --ms 5 --caps 0,1 --steps 5 --rounds 1 --run-timeout 200 --collective-timeout 60"
     )
+    out, run_id = run_lab(client, [*argv.split(), "--runs-dir", str(tmp_path)], 860)
     assert f"labelled lab.run={run_id}" in out  # the cluster said what it removed
 
     # The link was verified before anything was measured: asked vs measured round trip.
@@ -104,28 +85,8 @@ def test_latency_small_sweep_end_to_end(client, tmp_path):
 def test_a_link_that_is_not_what_was_asked_stops_the_run_and_cleans_up(client, tmp_path):
     # 1 us one-way is far below what a userspace delayer (or the bridge's jitter) can hold to
     # 20%: the check must refuse it before anything is measured, and the run must still go.
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lab",
-            "latency",
-            "--ms",
-            "0.001",
-            "--caps",
-            "1",
-            "--steps",
-            "3",
-            "--rounds",
-            "1",
-            "--runs-dir",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
+    argv = ["latency", "--ms", "0.001", "--caps", "1", "--steps", "3", "--rounds", "1"]
+    proc = lab(*argv, "--runs-dir", str(tmp_path), timeout=280)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "link check failed at 0.001 ms, nothing was measured" in proc.stderr, proc.stderr
     run_id = re.search(r"^run (\S+):", proc.stdout, re.M).group(1)

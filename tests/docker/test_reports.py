@@ -10,14 +10,12 @@ Run with ``pytest -m docker tests/docker/test_reports.py`` after the lab image w
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.browser import SKIP_REASON, check_page, chromium
-from tests.docker.lab_run import ROOT, run_lab
+from tests.docker.lab_run import lab, run_lab
 
 pytestmark = pytest.mark.docker
 
@@ -54,43 +52,27 @@ def test_latency_quick_leaves_a_page_a_summary_and_scalars(client, tmp_path):
     assert summary["figure"] == seen.figure and len(summary["configs"]) == 10
     jobs = sorted(p.name for p in (run_dir / "tb").iterdir())
     assert len(jobs) == 10 and all(list((run_dir / "tb" / j).glob("events.out.*")) for j in jobs)
-    listed = subprocess.run(
-        [sys.executable, "-m", "lab", "runs", "--runs-dir", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    listed = lab("runs", "--runs-dir", str(tmp_path), timeout=60)
     assert listed.returncode == 0 and run_id in listed.stdout and seen.figure in listed.stdout
 
 
 @pytest.mark.timeout(900)
 def test_kill_leaves_a_page_with_the_diagnosis(client, tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lab",
-            "kill",
-            "--rank",
-            "1",
-            "--at-step",
-            "3",
-            "--mode",
-            "kill",
-            "--nodes",
-            "2",
-            "--steps",
-            "5",
-            "--no-progress",
-            "--runs-dir",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=860,
-    )
+    argv = [
+        "kill",
+        "--rank",
+        "1",
+        "--at-step",
+        "3",
+        "--mode",
+        "kill",
+        "--nodes",
+        "2",
+        "--steps",
+        "5",
+        "--no-progress",
+    ]
+    proc = lab(*argv, "--runs-dir", str(tmp_path), timeout=860)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_id = proc.stdout.split()[1].rstrip(":")
     run_dir = tmp_path / run_id

@@ -18,22 +18,8 @@ pytestmark = pytest.mark.docker
 
 @pytest.mark.timeout(600)
 def test_straggler_quick_end_to_end(client, tmp_path):
-    out, run_id = run_lab(
-        client,
-        [
-            "straggler",
-            "--quick",
-            "--rank",
-            "2",
-            "--slowdown",
-            "8",
-            "--run-timeout",
-            "240",
-            "--runs-dir",
-            str(tmp_path),
-        ],
-        560,
-    )
+    argv = "straggler --quick --rank 2 --slowdown 8 --run-timeout 240"
+    out, run_id = run_lab(client, [*argv.split(), "--runs-dir", str(tmp_path)], 560)
     assert f"labelled lab.run={run_id}" in out
     assert "node2: CPU quota 0.0625 cores" in out
     assert re.search(r"^progress: step 8/8", out, re.M), out
@@ -69,24 +55,8 @@ def test_straggler_quick_end_to_end(client, tmp_path):
 
 @pytest.mark.timeout(600)
 def test_a_slow_link_is_shaped_only_into_the_straggler_and_verified(client, tmp_path):
-    out, run_id = run_lab(
-        client,
-        [
-            "straggler",
-            "--quick",
-            "--rank",
-            "3",
-            "--slow-link-ms",
-            "10",
-            "--batch-size",
-            "256",
-            "--run-timeout",
-            "240",
-            "--runs-dir",
-            str(tmp_path),
-        ],
-        560,
-    )
+    argv = "straggler --quick --rank 3 --slow-link-ms 10 --batch-size 256 --run-timeout 240"
+    out, run_id = run_lab(client, [*argv.split(), "--runs-dir", str(tmp_path)], 560)
     assert "CPU quota" not in out  # a slow link alone
     # Verified from the straggler's node before the slowed job ran (within 20%, + the bridge).
     m = re.search(

@@ -22,19 +22,21 @@ from lab.engine.training import Torchrun
 from lab.experiments.kill.torchrun.restarts import restart_timeline
 
 pytestmark = pytest.mark.docker
+# 300 ms per step so the fault lands mid-step; a restarted worker resumes by itself
+ELASTIC = TrainConfig(
+    steps=10,
+    batch_size=12,
+    checkpoint_every=2,
+    auto_resume=True,
+    step_delay_ms=300,
+    collective_timeout_s=60,
+    log_dir=job_dir("elastic"),
+)
 
 
 @pytest.mark.timeout(900)
 def test_the_survivors_re_rendezvous_without_the_lost_node_and_finish(client, tmp_path):
-    cfg = TrainConfig(
-        steps=10,
-        batch_size=12,
-        checkpoint_every=2,
-        auto_resume=True,
-        step_delay_ms=300,
-        collective_timeout_s=60,
-        log_dir=job_dir("elastic"),
-    )
+    cfg = ELASTIC
     launch = Torchrun(3, 1, max_restarts=1, min_nodes=2)
     events, fault = [], {}
     run_dir = tmp_path / "run"

@@ -6,9 +6,6 @@ without a registry). Skipped with a reason where no engine answers.
 
 import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import docker.errors
 import pytest
@@ -20,20 +17,14 @@ from lab.engine.layout import Layout
 from lab.engine.specs import LABEL
 from lab.experiments.up.plan import TOPOLOGIES
 from lab.experiments.up.run import failure_message
+from tests.docker.lab_run import lab
 from tests.helpers import leftovers
 
 pytestmark = pytest.mark.docker
-ROOT = Path(__file__).resolve().parents[2]
 
 
-def _lab(*args, timeout=600):
-    return subprocess.run(
-        [sys.executable, "-m", "lab", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def _lab(*args):
+    return lab(*args, timeout=600)
 
 
 def _lab_up(client, tmp_path, *args):

@@ -12,21 +12,8 @@ from lab.experiments.kill.restart.plan import KillPlan
 from lab.experiments.kill.torchrun.plan import TorchrunKillPlan
 from tests.helpers import cli_error
 
-_VALID = [
-    "kill",
-    "--launcher",
-    "torchrun",
-    "--mode",
-    "kill",
-    "--nodes",
-    "2",
-    "--procs-per-node",
-    "2",
-    "--rank",
-    "3",
-    "--at-step",
-    "5",
-]
+_LAYOUT = ["--launcher", "torchrun", "--nodes", "2", "--procs-per-node", "2"]
+_VALID = ["kill", *_LAYOUT, "--mode", "kill", "--rank", "3", "--at-step", "5"]
 
 
 def _plan(*argv: str):
@@ -94,23 +81,8 @@ def test_host_mode_runs_elastic_down_to_the_nodes_left_and_starts_fresh():
     from lab.engine.hosts import HostSet, parse_hosts
 
     hosts = HostSet(parse_hosts("unix:///a.sock,unix:///b.sock,unix:///c.sock"))
-    argv = [
-        "kill",
-        "--launcher",
-        "torchrun",
-        "--mode",
-        "host",
-        "--host",
-        "2",
-        "--nodes",
-        "3",
-        "--at-step",
-        "5",
-        "--checkpoint-every",
-        "0",
-        "--batch-size",
-        "48",
-    ]
+    argv = ["kill", "--launcher", "torchrun", "--mode", "host", "--host", "2", "--nodes", "3"]
+    argv += ["--at-step", "5", "--checkpoint-every", "0", "--batch-size", "48"]
     with using(hosts):
         plan = _plan(*argv)
         assert (plan.lost, plan.rank, plan.survivors) == ((2,), 0, 2)

@@ -16,14 +16,13 @@ import textwrap
 from ddp.torchfree import COMPRESSION_HOOKS, POWERSGD_START_ITER, config_from_args
 from lab import args as common
 from lab.experiments.compress import page
-from lab.experiments.compress.analysis import analyse
+from lab.experiments.compress.analysis import DEFINITIONS, analyse
 from lab.experiments.compress.outputs import write_files
 from lab.experiments.compress.plan import QUICK, TRAIN_DEFAULTS, CompressPlan
 from lab.experiments.compress.result import CompressResult
 from lab.experiments.compress.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.compress.text import closing
 from lab.experiments.reporting import report_sweep
-from lab.shaping.registry import CHOICES
 
 NAME = "compress"
 HELP = "gradient compression (fp16, bf16, powersgd) under a bandwidth cap: where it pays"
@@ -38,37 +37,24 @@ DESCRIPTION = textwrap.fill(
     "the allreduce, not the compute, sets the step time.",
     width=92,
 )
-
-
-def _wrap(text: str) -> str:
-    return textwrap.fill(text, width=92, initial_indent="  ", subsequent_indent="    ")
-
-
-def _epilog() -> str:
-    from lab.experiments.compress.analysis import DEFINITIONS
-
-    return "\n".join(
-        [
-            "The table's figures:",
-            *(_wrap(f"{k} = {v}.") for k, v in DEFINITIONS.items()),
-            f"Warm-up: the first --warmup steps (default {POWERSGD_START_ITER}) are left out: "
-            "step 1 sets up gloo's",
-            f"connections, and powersgd runs a plain allreduce for its first "
-            f"{POWERSGD_START_ITER} steps (torch's",
-            "start_powerSGD_iter), so every measured powersgd step is a compressed one.",
-            "Files in runs/<run-id>/: compress.txt (the table), compress.csv, compress.json,",
-            "compress.png (step time vs rate per hook; final loss and param diff per hook),",
-            "trace.json (Chrome trace of one step per hook at the lowest rate:",
-            "https://ui.perfetto.dev), and per job <rate>mbit-<hook>-r<round>/ with",
-            "logs/rank<R>.jsonl and node<N>.log.",
-            "Exit codes: 0 every job finished with identical replicas, 1 a job failed or the",
-            "replicas diverged, 2 bad arguments, 130 interrupted.",
-        ]
-    )
-
-
-EPILOG = _epilog()
-
+EPILOG = "\n".join(
+    [
+        "The table's figures:",
+        *common.definitions(DEFINITIONS),
+        f"Warm-up: the first --warmup steps (default {POWERSGD_START_ITER}) are left out: "
+        "step 1 sets up gloo's",
+        f"connections, and powersgd runs a plain allreduce for its first "
+        f"{POWERSGD_START_ITER} steps (torch's",
+        "start_powerSGD_iter), so every measured powersgd step is a compressed one.",
+        "Files in runs/<run-id>/: compress.txt (the table), compress.csv, compress.json,",
+        "compress.png (step time vs rate per hook; final loss and param diff per hook),",
+        "trace.json (Chrome trace of one step per hook at the lowest rate:",
+        "https://ui.perfetto.dev), and per job <rate>mbit-<hook>-r<round>/ with",
+        "logs/rank<R>.jsonl and node<N>.log.",
+        "Exit codes: 0 every job finished with identical replicas, 1 a job failed or the",
+        "replicas diverged, 2 bad arguments, 130 interrupted.",
+    ]
+)
 _TRAIN_FIELDS = ["model", "steps", "batch_size", "seed", "bucket_cap_mb"]
 
 
@@ -97,30 +83,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0.0,
         help="one-way delay per packet on top of the cap (default 0)",
     )
-    p.add_argument(
-        "--shaper",
-        choices=CHOICES,
-        default="auto",
-        help="auto: netem if the kernel has it, else the nfqueue delayer (default auto)",
+    common.add_shaper(p)
+    common.add_warmup(
+        p,
+        POWERSGD_START_ITER,
+        ": gloo's set-up and powersgd's uncompressed steps",
+        ", the least with powersgd",
     )
-    p.add_argument(
-        "--warmup",
-        type=common.number(0, kind=int),
-        default=POWERSGD_START_ITER,
-        help="first steps left out of the medians: gloo's set-up and powersgd's "
-        f"uncompressed steps (default {POWERSGD_START_ITER}, the least with powersgd)",
-    )
-    p.add_argument(
-        "--rounds",
-        type=common.number(1, kind=int),
-        help="run every hook this often per rate, interleaved, and pool the steps (default 2; "
+    common.add_rounds(
+        p,
+        "run every hook this often per rate, interleaved, and pool the steps (default 2; "
         f"--quick {QUICK.rounds})",
     )
-    p.add_argument(
-        "--nodes",
-        type=common.number(2, kind=int),
-        help=f"containers, one rank each (default 4; --quick {QUICK.nodes})",
-    )
+    common.add_nodes(p, None, f"; --quick {QUICK.nodes}", shown=CompressPlan.nodes)
     p.add_argument(
         "--quick",
         action="store_true",
@@ -150,10 +125,7 @@ def plan(args: argparse.Namespace) -> CompressPlan:
         rounds=rounds,
         nodes=nodes,
         train=train,
-        run_timeout_s=args.run_timeout,
-        image=args.image,
-        runs_dir=args.runs_dir,
-        progress=args.progress,
+        **common.run_fields(args),
         quick=quick,
     )
 

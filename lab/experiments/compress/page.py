@@ -6,7 +6,7 @@ from __future__ import annotations
 from ddp.torchfree import Section, Table, Text
 from lab.experiments.compress.analysis import CompressSummary, Crossover
 from lab.experiments.compress.text import crossover_line
-from lab.report.common import figures_section, ranks_section
+from lab.report.common import figures_section
 from lab.report.results import Results, sweep_results
 
 __all__ = ["page"]
@@ -43,7 +43,7 @@ def _pays(c: Crossover) -> str:
 
 def page(summary: CompressSummary) -> Results:
     """The page and the run's summary.json fields."""
-    result, broken = summary.result, summary.broken
+    result = summary.result
     rows = [
         [
             r.rate_mbit,
@@ -65,7 +65,6 @@ def page(summary: CompressSummary) -> Results:
         [lk.rate_mbit, lk.shaper, lk.measured_mbit, lk.rtt_p50_ms, lk.baseline_rtt_p50_ms, lk.line]
         for lk in result.links
     ]
-    problems: list[str] = []
     plan = result.plan
     sections = [
         Section(
@@ -96,18 +95,9 @@ def page(summary: CompressSummary) -> Results:
                 )
             ],
         ),
-        ranks_section(result.run_dir, {r.job: r.codes for r in result.runs}, problems),
     ]
     figure = "; ".join(_pays(c) for c in summary.crossovers if c.hook != "none")
-    verdict = broken or "replicas identical in every job"
+    headline = (summary.broken, "replicas identical in every job", figure)
     configs = {f"{r.rate_mbit:g} Mbit/s, {r.hook}": r.median_step_ms for r in summary.rows}
-    return sweep_results(
-        "compress",
-        result,
-        sections,
-        problems,
-        (verdict, figure, not broken),
-        configs,
-        _FILES,
-        [r.job for r in result.runs],
-    )
+    ranks = {r.job: r.codes for r in result.runs}
+    return sweep_results("compress", result, sections, ranks, headline, configs, _FILES)

@@ -36,16 +36,9 @@ def _tx_bytes(cluster: Cluster) -> dict[int, int]:
 def _run_job(cluster: Cluster, plan: CompressPlan, p: Planned, echo: Callable) -> HookRun:
     started = time.monotonic()
     before = _tx_bytes(cluster)
-    job = train_to_end(
-        cluster,
-        p.job,
-        p.train,
-        plan.run_timeout_s,
-        progress=plan.progress,
-        echo=echo,
-        where=f"{p.hook} at {p.rate_mbit:g} Mbit/s (round {p.round})",
-        slow_hint="a low --rate-mbit makes steps slow",
-    )
+    where = f"{p.hook} at {p.rate_mbit:g} Mbit/s (round {p.round})"
+    slow = "a low --rate-mbit makes steps slow"
+    job = train_to_end(cluster, p.job, p.train, plan, where=where, slow_hint=slow, echo=echo)
     after = _tx_bytes(cluster)
     tx = {n: after[n] - before[n] for n in before}
     return HookRun(
@@ -78,7 +71,6 @@ def run(plan: CompressPlan, echo: Callable[[str], None] = print) -> CompressResu
         new_result=CompressResult,
         link=capped,
         run_job=_run_job,
-        header=lambda r: f"run {r.run_id}: {plan.describe()}; output in {r.run_dir}/",
         describe=_describe,
         echo=echo,
     )

@@ -205,13 +205,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="resume from the last checkpoint and compare bitwise with an uninterrupted run",
     )
     _add_live_arguments(p)
-    p.add_argument(
-        "--nodes",
-        type=common.number(2, kind=int),
-        default=4,
-        help="containers, one rank each (default %(default)s; under torchrun "
-        "--procs-per-node each)",
-    )
+    common.add_nodes(p, 4, "; under torchrun --procs-per-node each")
     p.add_argument(
         "--launcher",
         choices=LAUNCHERS,
@@ -269,12 +263,9 @@ def _live_plan(args: argparse.Namespace) -> LivePlan:
         nodes=args.nodes,
         rejoin=args.rejoin,
         compare=restart,
-        run_timeout_s=args.run_timeout,
-        image=args.image,
-        runs_dir=args.runs_dir,
-        progress=args.progress,
         recovery=args.recovery,
         torchft=torchft,
+        **common.run_fields(args),
     )
     if args.recovery == "torchft" or torchft:
         options.require_torchft(args.image)
@@ -312,10 +303,7 @@ def plan(args: argparse.Namespace) -> KillPlan | TorchrunKillPlan | LivePlan:
         ),
         nodes=args.nodes,
         recover=args.recover,
-        run_timeout_s=args.run_timeout,
-        image=args.image,
-        runs_dir=args.runs_dir,
-        progress=args.progress,
+        **common.run_fields(args),
     )
     torchrun_only = {"--procs-per-node": args.procs_per_node, "--max-restarts": args.max_restarts}
     if args.launcher == "torchrun":

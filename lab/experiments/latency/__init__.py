@@ -32,7 +32,6 @@ from lab.experiments.latency.result import SweepResult
 from lab.experiments.latency.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.latency.text import closing
 from lab.experiments.reporting import report_sweep
-from lab.shaping.registry import CHOICES
 
 NAME = "latency"
 HELP = "inject link latency between containers; sweep bucket caps and overlap"
@@ -43,13 +42,9 @@ DESCRIPTION = (
 )
 
 
-def _wrap(term: str) -> str:
-    return textwrap.fill(
-        f"{term} = {DEFINITIONS[term]}.", width=92, initial_indent="  ", subsequent_indent="    "
-    )
-
-
 _WORKLOAD = WORKLOAD  # the default's two phases, and why: .phases
+# the terms of the closing line that the epilog defines
+_TERMS = ("bucketing speedup", "overlap gain", "exposed communication", "comm ms/sample")
 
 EPILOG = "\n".join(
     [
@@ -61,15 +56,7 @@ EPILOG = "\n".join(
         "  auto cap at <ms> ms[, <phase> phase]: chose C MB (round 1), ..., N allreduces/step, ...",
         "  accumulation at <ms> ms: communication per sample Z.Zx lower with accumulate K (...)",
         "where",
-        *(
-            _wrap(t)
-            for t in (
-                "bucketing speedup",
-                "overlap gain",
-                "exposed communication",
-                "comm ms/sample",
-            )
-        ),
+        *common.definitions({t: DEFINITIONS[t] for t in _TERMS}),
         "Files in runs/<run-id>/: latency.csv, latency.json, latency.png (step time vs bucket",
         "cap), trace.json (Chrome trace: open in https://ui.perfetto.dev or chrome://tracing),",
         "gantt.png (one step, overlap on vs off), and per configuration and round a job",
@@ -112,12 +99,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="one-way delay per packet in ms (round trip +2x); repeat for several "
         "(default 5; 0 = unshaped)",
     )
-    p.add_argument(
-        "--shaper",
-        choices=CHOICES,
-        default="auto",
-        help="auto: netem if the kernel has it, else the nfqueue delayer (default auto)",
-    )
+    common.add_shaper(p)
     p.add_argument(
         "--rate-mbit",
         type=common.number(0),
@@ -135,18 +117,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     common.add_impairments(p)
     _add_sweep_arguments(p)
-    p.add_argument(
-        "--warmup",
-        type=common.number(0, kind=int),
-        default=2,
-        help="first steps left out of the medians (gloo connection set-up) (default 2)",
-    )
-    p.add_argument(
-        "--rounds",
-        type=common.number(1, kind=int),
-        default=_ROUNDS,
-        help="run the whole plan this often, interleaved, and pool the steps: drift of the "
-        "host's load then hits every configuration alike (default %(default)s)",
+    common.add_warmup(p, 2, " (gloo connection set-up)")
+    common.add_rounds(
+        p,
+        "run the whole plan this often, interleaved, and pool the steps: drift of the "
+        f"host's load then hits every configuration alike (default {_ROUNDS})",
+        _ROUNDS,
     )
     p.add_argument(
         "--backward-ms",
@@ -157,12 +133,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a model of accelerator compute, added to the real CPU compute: "
         f"{_BACKWARD.metadata['help']} (ddp train's {flag_of('backward_delay_ms')}; default 0)",
     )
-    p.add_argument(
-        "--nodes",
-        type=common.number(2, kind=int),
-        default=DEFAULT_NODES,
-        help="containers, one rank each (default %(default)s: a core per rank on a 2-core host)",
-    )
+    common.add_nodes(p, DEFAULT_NODES, ": a core per rank on a 2-core host")
     p.add_argument(
         "--quick",
         action="store_true",
@@ -170,12 +141,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "and --steps are not given); both phases of the default, or with explicit settings caps "
         f"{','.join(f'{c:g}' for c in QUICK['caps'])} where --caps is not given",
     )
-    p.add_argument(
-        "--cpus",
-        type=common.number(0, strict=True),
-        metavar="CORES",
-        help="every node's CPU limit in cores (default: none)",
-    )
+    common.add_cpus(p, "every node's CPU limit in cores (default: none)")
     p.add_argument(
         "--timeline-cap",
         type=common.number(0),
@@ -217,10 +183,7 @@ def plan(args: argparse.Namespace) -> LatencyPlan:
         nodes=args.nodes,
         train=train,
         timeline_cap=args.timeline_cap,
-        run_timeout_s=args.run_timeout,
-        image=args.image,
-        runs_dir=args.runs_dir,
-        progress=args.progress,
+        **common.run_fields(args),
         impair=common.impairments(args),
         node_ms=tuple(args.node_ms or ()),
         cpus=args.cpus,

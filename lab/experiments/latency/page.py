@@ -9,7 +9,7 @@ from lab.experiments.latency.analysis import Headline, LatencySummary
 from lab.experiments.latency.bucket_stats import ConfigTiming
 from lab.experiments.latency.result import LinkReport
 from lab.experiments.latency.text import headline_line, overlap_by_cap_line
-from lab.report.common import figures_section, ranks_section
+from lab.report.common import figures_section
 from lab.report.results import Results, ratio_text, sweep_results
 
 __all__ = ["page"]
@@ -72,7 +72,7 @@ def _links(links: list[LinkReport]) -> Table:
 
 def page(summary: LatencySummary) -> Results:
     """The page and the run's summary.json fields."""
-    result, broken = summary.result, summary.broken
+    result = summary.result
     rows = [
         [
             r.ms,
@@ -88,7 +88,6 @@ def page(summary: LatencySummary) -> Results:
     ]
     lines = [overlap_by_cap_line(summary.rows, h.ms) for h in summary.headlines]
     lines += [headline_line(h) for h in summary.headlines]
-    problems: list[str] = []
     sections = [
         Section("Step time per configuration", [Table(_ROW_HEADERS, rows), Text(lines)]),
         Section("Per bucket (the Gantt chart's pair, round 1)", _timings(summary.gantt.timings)),
@@ -100,22 +99,13 @@ def page(summary: LatencySummary) -> Results:
             ],
         ),
         Section("Links, as the probe measured them", [_links(result.links)]),
-        ranks_section(result.run_dir, {run.job: run.codes for run in result.runs}, problems),
     ]
-    verdict = broken or "parity holds in every allreduce configuration"
-    figure = _figure(summary.headlines)
+    held = "parity holds in every allreduce configuration"
+    headline = (summary.broken, held, _figure(summary.headlines))
     # a two-phase run has a floor in each phase: the phase keeps the keys apart
     configs = {
         ", ".join(filter(None, (f"{r.ms:g} ms", r.phase, r.config))): r.median_step_ms
         for r in summary.rows
     }
-    return sweep_results(
-        "latency",
-        result,
-        sections,
-        problems,
-        (verdict, figure, not broken),
-        configs,
-        _FILES,
-        [run.job for run in result.runs],
-    )
+    ranks = {run.job: run.codes for run in result.runs}
+    return sweep_results("latency", result, sections, ranks, headline, configs, _FILES)

@@ -27,16 +27,10 @@ def _in(p: Planned) -> str:
 
 def _run_config(cluster: Cluster, plan: LatencyPlan, p: Planned, echo: Callable) -> ConfigRun:
     started = time.monotonic()
+    where = f"{p.conf.label} at {p.ms:g} ms{_in(p)} (round {p.round})"
+    slow = "a low --rate-mbit makes steps slow"
     job = train_to_end(
-        cluster,
-        p.job,
-        p.train,
-        plan.run_timeout_s,
-        progress=plan.progress,
-        echo=echo,
-        where=f"{p.conf.label} at {p.ms:g} ms{_in(p)} (round {p.round})",
-        slow_hint="a low --rate-mbit makes steps slow",
-        broken_parity_ok=True,
+        cluster, p.job, p.train, plan, where=where, slow_hint=slow, echo=echo, broken_parity_ok=True
     )
     logs = {rank: RankLog(rank, records) for rank, records in job.records.items()}
     stats = summarize([(f"job {p.job}", logs)], plan.warmup)

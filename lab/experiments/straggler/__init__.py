@@ -23,7 +23,6 @@ from lab.experiments.straggler.plan import QUICK_STEPS, TRAIN_DEFAULTS, Straggle
 from lab.experiments.straggler.result import StragglerResult
 from lab.experiments.straggler.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.straggler.text import closing
-from lab.shaping.registry import CHOICES
 
 NAME = "straggler"
 HELP = "slow one rank (a CPU quota, or a slow link): every rank's step rises to its step"
@@ -39,10 +38,7 @@ DESCRIPTION = textwrap.fill(
 EPILOG = "\n".join(
     [
         "The table gives, per rank, medians over the measured steps:",
-        *(
-            textwrap.fill(f"{k} = {v}.", width=92, initial_indent="  ", subsequent_indent="    ")
-            for k, v in DEFINITIONS.items()
-        ),
+        *common.definitions(DEFINITIONS),
         "The closing line is",
         "  straggler rank R: its compute X.Xx slower, every rank's step Y.Yx (A -> B ms); the",
         "  others wait W ms per step in allreduce",
@@ -72,12 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="CPU quota = fair share / X on the straggler's container (default 4, or 1 = no "
         "quota when --slow-link-ms is given)",
     )
-    p.add_argument(
-        "--cpus",
-        type=common.number(0, strict=True),
-        metavar="CORES",
-        help="the straggler's CPU quota in cores, instead of --slowdown",
-    )
+    common.add_cpus(p, "the straggler's CPU quota in cores, instead of --slowdown")
     p.add_argument(
         "--slow-link-ms",
         type=common.number(0),
@@ -85,25 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MS",
         help="extra one-way delay on every packet into the straggler's node only (default 0)",
     )
-    p.add_argument(
-        "--shaper",
-        choices=CHOICES,
-        default="auto",
-        help="for --slow-link-ms: netem, or the nfqueue delayer (default auto)",
-    )
+    common.add_shaper(p, "for --slow-link-ms: netem, or the nfqueue delayer")
     common.add_impairments(p, "every node's link in the slowed job (with --slow-link-ms)")
-    p.add_argument(
-        "--nodes",
-        type=common.number(2, kind=int),
-        default=4,
-        help="containers, one rank each (default 4)",
-    )
-    p.add_argument(
-        "--warmup",
-        type=common.number(0, kind=int),
-        default=2,
-        help="first steps left out of the medians (default 2)",
-    )
+    common.add_nodes(p, 4)
+    common.add_warmup(p, 2)
     p.add_argument(
         "--quick", action="store_true", help=f"{QUICK_STEPS} steps per job: about a minute"
     )
@@ -126,10 +102,7 @@ def plan(args: argparse.Namespace) -> StragglerPlan:
         nodes=args.nodes,
         warmup=args.warmup,
         train=train,
-        run_timeout_s=args.run_timeout,
-        image=args.image,
-        runs_dir=args.runs_dir,
-        progress=args.progress,
+        **common.run_fields(args),
         impair=common.impairments(args),
     )
 

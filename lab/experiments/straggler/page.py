@@ -8,7 +8,7 @@ from ddp.torchfree import Section, Table, Text
 from lab.experiments.straggler.analysis import StragglerSummary
 from lab.experiments.straggler.plan import BASELINE_JOB, SLOWED_JOB
 from lab.experiments.straggler.text import headline_line
-from lab.report.common import figures_section, ranks_section
+from lab.report.common import figures_section
 from lab.report.results import Results, sweep_results
 
 __all__ = ["page"]
@@ -32,7 +32,7 @@ _FILES = [
 
 def page(summary: StragglerSummary) -> Results:
     """The page and the run's summary.json fields."""
-    result, s, broken = summary.result, summary.figures, summary.broken
+    result, s = summary.result, summary.figures
     plan = result.plan
     rows = [
         [
@@ -50,7 +50,6 @@ def page(summary: StragglerSummary) -> Results:
     rows.append(
         ["job step", "", "", s.job_step_ms, s.baseline_job_step_ms, f"{s.job_x:.2f}x", "", ""]
     )
-    problems: list[str] = []
     jobs = [BASELINE_JOB, SLOWED_JOB]
     sections = [
         Section(
@@ -73,20 +72,9 @@ def page(summary: StragglerSummary) -> Results:
             "The slow link, as the probe measured it",
             [Text(result.link_lines or ["no link was shaped"], pre=True)],
         ),
-        ranks_section(
-            result.run_dir, {j: result.jobs[j].codes for j in jobs if j in result.jobs}, problems
-        ),
     ]
     figure = f"every rank's step {s.job_x:.1f}x with rank {plan.rank} slowed"
-    verdict = broken or "parity holds in both jobs"
+    headline = (summary.broken, "parity holds in both jobs", figure)
     configs = {"baseline": s.baseline_job_step_ms, "slowed": s.job_step_ms}
-    return sweep_results(
-        "straggler",
-        result,
-        sections,
-        problems,
-        (verdict, figure, not broken),
-        configs,
-        _FILES,
-        jobs,
-    )
+    ranks = {j: result.jobs[j].codes for j in jobs if j in result.jobs}
+    return sweep_results("straggler", result, sections, ranks, headline, configs, _FILES, jobs)

@@ -29,15 +29,9 @@ __all__ = ["run"]
 
 def _run_job(cluster: Cluster, plan: StragglerPlan, name: str, echo: Callable) -> JobRun:
     started = time.monotonic()
+    slow = "a straggler with a tiny quota is slow"
     job = train_to_end(
-        cluster,
-        name,
-        plan.train,
-        plan.run_timeout_s,
-        progress=plan.progress,
-        echo=echo,
-        where=f"job {name}",
-        slow_hint="a straggler with a tiny quota is slow",
+        cluster, name, plan.train, plan, where=f"job {name}", slow_hint=slow, echo=echo
     )
     return JobRun(name, dict(job.codes), holds(job), time.monotonic() - started)
 

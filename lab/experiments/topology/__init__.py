@@ -17,13 +17,12 @@ from ddp.torchfree import config_from_args
 from lab import args as common
 from lab.experiments.reporting import report_sweep
 from lab.experiments.topology import page
-from lab.experiments.topology.analysis import analyse
+from lab.experiments.topology.analysis import DEFINITIONS, analyse
 from lab.experiments.topology.outputs import write_files
 from lab.experiments.topology.plan import QUICK, TRAIN_DEFAULTS, TopologyPlan
 from lab.experiments.topology.result import TopologyResult
 from lab.experiments.topology.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.topology.text import closing
-from lab.shaping.registry import CHOICES
 
 NAME = "topology"
 HELP = "nodes x ranks with a slow link between nodes: flat ring vs a two-level allreduce"
@@ -40,33 +39,26 @@ DESCRIPTION = textwrap.fill(
 )
 
 
-def _epilog() -> str:
-    from lab.experiments.topology.analysis import DEFINITIONS
-
-    wrap = dict(width=92, initial_indent="  ", subsequent_indent="    ")
-    return "\n".join(
-        [
-            "The default workload lets the slow link set the step time: the deep MLP (24 tensors,",
-            "2.67 MB, a few ms of compute per rank) with one bucket per tensor (--bucket-cap-mb 0,",
-            "every configuration but auto), so 24 latency-bound allreduces per step; its 256 KB",
-            "weights make bytes count once --rate-mbit caps the link.",
-            "The table's figures:",
-            *(textwrap.fill(f"{k} = {v}.", **wrap) for k, v in DEFINITIONS.items()),
-            "The last line, for scripts:",
-            "  step time vs torch DDP (2 nodes x 2 ranks, 5 ms): hierarchical R,",
-            "  hierarchical-fp16 R, auto cap R, flat R",
-            "  (R: median step time / torch DDP's, e.g. 0.45x; < 1 is faster)",
-            "Files in runs/<run-id>/: topology.txt (the table), topology.csv, topology.json,",
-            "topology.png (step time per configuration), and per job",
-            "<configuration>-r<round>/ with logs/rank<R>.jsonl, node<N>.log and eth0-node<N>.txt",
-            "(the sampled byte counters).",
-            "Exit codes: 0 every job finished with parity holding, 1 a job failed or parity broke,",
-            "2 bad arguments, 130 interrupted.",
-        ]
-    )
-
-
-EPILOG = _epilog()
+EPILOG = "\n".join(
+    [
+        "The default workload lets the slow link set the step time: the deep MLP (24 tensors,",
+        "2.67 MB, a few ms of compute per rank) with one bucket per tensor (--bucket-cap-mb 0,",
+        "every configuration but auto), so 24 latency-bound allreduces per step; its 256 KB",
+        "weights make bytes count once --rate-mbit caps the link.",
+        "The table's figures:",
+        *common.definitions(DEFINITIONS),
+        "The last line, for scripts:",
+        "  step time vs torch DDP (2 nodes x 2 ranks, 5 ms): hierarchical R,",
+        "  hierarchical-fp16 R, auto cap R, flat R",
+        "  (R: median step time / torch DDP's, e.g. 0.45x; < 1 is faster)",
+        "Files in runs/<run-id>/: topology.txt (the table), topology.csv, topology.json,",
+        "topology.png (step time per configuration), and per job",
+        "<configuration>-r<round>/ with logs/rank<R>.jsonl, node<N>.log and eth0-node<N>.txt",
+        "(the sampled byte counters).",
+        "Exit codes: 0 every job finished with parity holding, 1 a job failed or parity broke,",
+        "2 bad arguments, 130 interrupted.",
+    ]
+)
 
 _TRAIN_FIELDS = ["model", "steps", "batch_size", "bucket_cap_mb", "seed"]
 _QUICK = f"--quick {QUICK['rounds']}"
@@ -86,36 +78,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="R",
         help="also cap each node's link at R Mbit/s (default: no cap)",
     )
-    link.add_argument(
-        "--shaper",
-        choices=CHOICES,
-        default="auto",
-        help="auto: netem if the kernel has it, else the nfqueue delayer (default auto)",
-    )
+    common.add_shaper(link)
     layout = p.add_argument_group("the layout and the measurement")
-    layout.add_argument(
-        "--nodes",
-        type=common.number(2, kind=int),
-        default=2,
-        help="containers (default %(default)s)",
-    )
+    common.add_nodes(layout, 2, what="containers")
     layout.add_argument(
         "--ranks-per-node",
         type=common.number(2, kind=int),
         default=2,
         help="ranks in each container, on its loopback (default %(default)s)",
     )
-    layout.add_argument(
-        "--warmup",
-        type=common.number(0, kind=int),
-        default=TopologyPlan.warmup,
-        help="first steps left out of the medians and the bytes: gloo's set-up, "
-        "the bucket rebuild, the auto cap's measurements (default %(default)s)",
+    common.add_warmup(
+        layout,
+        TopologyPlan.warmup,
+        " and the bytes: gloo's set-up, the bucket rebuild, the auto cap's measurements",
     )
-    layout.add_argument(
-        "--rounds",
-        type=common.number(1, kind=int),
-        help="every configuration this often, interleaved, steps pooled "
+    common.add_rounds(
+        layout,
+        "every configuration this often, interleaved, steps pooled "
         f"(default {TopologyPlan.rounds}; {_QUICK})",
     )
     layout.add_argument(
@@ -148,10 +127,7 @@ def plan(args: argparse.Namespace) -> TopologyPlan:
         warmup=args.warmup,
         rounds=args.rounds or quick.get("rounds", TopologyPlan.rounds),
         train=train,
-        run_timeout_s=args.run_timeout,
-        image=args.image,
-        runs_dir=args.runs_dir,
-        progress=args.progress,
+        **common.run_fields(args),
         quick=args.quick,
         caps=tuple(args.caps),
     )

@@ -9,7 +9,7 @@ import math
 from ddp.torchfree import Section, Table
 from lab.experiments.topology.analysis import TopologySummary
 from lab.experiments.topology.text import headline_line
-from lab.report.common import figures_section, ranks_section
+from lab.report.common import figures_section
 from lab.report.results import Results, sweep_results
 
 __all__ = ["page"]
@@ -37,7 +37,7 @@ def _cell(value: float | None) -> object:
 
 def page(summary: TopologySummary) -> Results:
     """The page and the run's summary.json fields."""
-    result, broken = summary.result, summary.broken
+    result = summary.result
     plan = result.plan
     rows = [
         [
@@ -53,7 +53,6 @@ def page(summary: TopologySummary) -> Results:
         for r in summary.rows
     ]
     links = [[lk.shaper, lk.line, lk.note] for lk in result.links]
-    problems: list[str] = []
     where = f"{plan.layout.describe()}, {plan.link_text} between nodes, model {plan.train.model}"
     sections = [
         Section(
@@ -72,18 +71,9 @@ def page(summary: TopologySummary) -> Results:
             "The link between the nodes, as the probe measured it",
             [Table(("shaper", "probe", "note"), links)],
         ),
-        ranks_section(result.run_dir, {r.job: r.codes for r in result.runs}, problems),
     ]
     figure = headline_line(summary.rows, plan).split(": ", 1)[-1]
-    verdict = broken or "parity holds in every job"
+    headline = (summary.broken, "parity holds in every job", figure)
     configs = {r.label: r.median_step_ms for r in summary.rows}
-    return sweep_results(
-        "topology",
-        result,
-        sections,
-        problems,
-        (verdict, figure, not broken),
-        configs,
-        _FILES,
-        [r.job for r in result.runs],
-    )
+    ranks = {r.job: r.codes for r in result.runs}
+    return sweep_results("topology", result, sections, ranks, headline, configs, _FILES)

@@ -23,17 +23,18 @@ _SAMPLER_SLACK_S = 120.0  # the sampler outlives the job's timeout by this, then
 
 def _run_job(cluster: Cluster, plan: TopologyPlan, p: Planned, echo: Callable) -> ConfigRun:
     started = time.monotonic()
+    where = f"{p.conf.label} (round {p.round})"
+    slow = "a long --ms or a low --rate-mbit makes steps slow"
     with sampled(cluster, f"eth0-{p.job}", plan.run_timeout_s + _SAMPLER_SLACK_S) as counters:
         job = train_to_end(
             cluster,
             p.job,
             p.train,
-            plan.run_timeout_s,
-            progress=plan.progress,
+            plan,
+            where=where,
+            slow_hint=slow,
             echo=echo,
-            where=f"{p.conf.label} (round {p.round})",
             broken_parity_ok=True,
-            slow_hint="a long --ms or a low --rate-mbit makes steps slow",
         )
     parity = holds(job) and all(code == 0 for code in job.codes.values())
     return ConfigRun(
@@ -57,7 +58,6 @@ def run(plan: TopologyPlan, echo: Callable[[str], None] = print) -> TopologyResu
         new_result=TopologyResult,
         link=between_nodes,
         run_job=_run_job,
-        header=lambda r: f"run {r.run_id}: {plan.describe()}; output in {r.run_dir}/",
         describe=_describe,
         echo=echo,
     )
