@@ -278,7 +278,7 @@ def test_an_internal_error_is_exit_4_with_the_traceback_kept(tmp_path):
 def test_local_nodes_make_the_hierarchical_hook_two_levels(args, said):
     """--nodes gives consecutive local ranks one DDP_NODE per node: the hook's topology, which
     the start line reports from the state it registered, has two levels; without it, one."""
-    r = _ddp(*args, "--steps", "2", "--comm-hook", "hierarchical", timeout=180)
+    r = run_ddp(*args, "--steps", "2", "--comm-hook", "hierarchical", timeout=180)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert said in lines[0], lines[0]
