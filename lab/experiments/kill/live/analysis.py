@@ -7,8 +7,8 @@ Pure: tested from synthetic records.
 The step period is measured the same way in every row: per step, when the last rank finished
 it (its commit record on the live paths; the end of its step record on the restart path, whose
 steps commit when they end), then the median time between consecutive steps' ends, over the
-steps before the fault (the restart path: its uninterrupted run). It is what a step costs a
-user, vote, checkpoint writes and all.
+steps before the fault (the restart path: the same steps of its uninterrupted run). It is what
+a step costs a user, vote, checkpoint writes and all.
 """
 
 from __future__ import annotations
@@ -121,8 +121,10 @@ def restart_row(kill: KillResult | None) -> PathRow | None:
             firsts.append(log.steps[0].t0 + log.steps[0].step_ms / 1e3)
     to_commit = max(firsts) - kill.injection.end if firsts else None
     redone = None if start_step is None else kill.plan.at_step - 1 - start_step
+    # the same steps as ours: those before the step the fault hits
     ref = kill.logs.get("reference", {}).values()
-    period = step_period_ms(_step_ends(s for log in ref for s in log.steps))
+    steps = (s for log in ref for s in log.steps if s.step < kill.plan.at_step)
+    period = step_period_ms(_step_ends(steps))
     return PathRow("restart (kill --recover)", to_commit, None, redone, period)
 
 

@@ -15,8 +15,8 @@ LEGEND = [
     "fault -> next committed step: from the fault's moment to the end of the first step every "
     "survivor (restart: every restarted rank) finished after it",
     "step ms without faults: the step period, the median time between consecutive steps' "
-    "ends (a step ends when its last rank committed it), before the fault (restart: in its "
-    "uninterrupted run); the same definition in every row",
+    "ends (a step ends when its last rank committed it), over the steps before the fault "
+    "(restart: the same steps of its uninterrupted run); the same definition in every row",
 ]
 
 
