@@ -42,6 +42,7 @@ from ddp.program.records import (
 from ddp.recovery.drivers.tft.verdict import agreement as torchft_agreement
 from ddp.recovery.drivers.timeline import figures as recovery_figures
 from ddp.recovery.drivers.timeline import timeline as recovery_timeline
+from ddp.recovery.protocol.messages import SECRET_ENV
 from ddp.recovery.protocol.records import (
     CommitRecord,
     FaultRecord,
@@ -75,6 +76,7 @@ __all__ = [
     "POWERSGD_RANK",
     "POWERSGD_START_ITER",
     "REPORT_NAME",
+    "SECRET_ENV",
     "TB_MISSING",
     "CommitRecord",
     "ConfigRecord",

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
+from ddp.recovery.protocol.records import KINDS, Record
+
 __all__ = [
     "RECORD_PREFIX",
     "ConfigRecord",
@@ -65,15 +67,6 @@ def _parse_name(name: str) -> tuple[int, int] | None:
 
 class LogError(ValueError):
     """A rank log that cannot be read: the message names the file and line."""
-
-
-@dataclass
-class Record:
-    event: ClassVar[str] = ""
-    rank: int
-
-    def to_json(self) -> str:
-        return json.dumps({"event": self.event, **dataclasses.asdict(self)})
 
 
 @dataclass
@@ -154,9 +147,7 @@ def _from_dict(data: Any) -> Record | None:
     if not isinstance(data, dict) or not isinstance(data.get("event"), str):
         raise ValueError("not a record (no 'event')")
     kind = _TYPES.get(data["event"])
-    if kind is None:  # live recovery's events (imported here: they subclass Record)
-        from ddp.recovery.protocol.records import KINDS
-
+    if kind is None:  # live recovery's events, which the protocol defines
         kind = KINDS.get(data["event"])
     if kind is None:
         return None

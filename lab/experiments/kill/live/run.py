@@ -12,8 +12,7 @@ import secrets
 import time
 from collections.abc import Callable
 
-from ddp.recovery.protocol.messages import SECRET_ENV
-from ddp.torchfree import CommitRecord, load_attempts
+from ddp.torchfree import SECRET_ENV, CommitRecord, load_attempts
 from lab.engine.client import RunTimeout, connect
 from lab.engine.cluster import Cluster
 from lab.engine.events import Event, ExitEvent, LineEvent, RecordEvent
