@@ -36,10 +36,15 @@ log = logging.getLogger("ddp")
 
 
 def _run_local(args: argparse.Namespace, cfg: TrainConfig, argv: list[str]) -> int:
-    if cfg.recovery in ("live", "torchft"):
+    if cfg.recovery == "live":
         from ddp.recovery.drivers.local import run_local
 
         return run_local(cfg, args)
+    if cfg.recovery == "torchft":
+        from ddp.recovery.drivers.local import run_local
+        from ddp.recovery.drivers.tft.lighthouse import TorchftJob
+
+        return run_local(cfg, args, TorchftJob)
     out = spawn_local(cfg, args.world_size)
     if out.message:
         print(out.message, file=sys.stderr if out.code >= 2 else sys.stdout)

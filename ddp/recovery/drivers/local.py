@@ -263,16 +263,14 @@ def _coordinator_line(f: dict) -> str:
     )
 
 
-def run_local(cfg: TrainConfig, args: argparse.Namespace) -> int:
-    """The whole local live run; its exit code."""
+def run_local(cfg: TrainConfig, args: argparse.Namespace, kind: type[LocalJob] = LocalJob) -> int:
+    """The whole local live run; its exit code. ``kind``: the job's processes (``TorchftJob``
+    puts torchft's lighthouse where our coordinator runs)."""
     log_dir = cfg.log_dir or tempfile.mkdtemp(prefix="ddp-live-")
     kill = (args.kill_rank, args.kill_at_step) if args.kill_rank is not None else None
     # A terminated launcher still stops its processes (the finally below).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # Records are followed live only to time a fault: a run without one reads them at the end.
-    kind = LocalJob
-    if cfg.recovery == "torchft":
-        from ddp.recovery.drivers.tft.lighthouse import TorchftJob as kind
     at = getattr(args, "kill_coordinator_at_step", None)
     job = kind(cfg, args.world_size, log_dir, follow=kill is not None or at is not None)
     try:
