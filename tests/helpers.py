@@ -127,3 +127,26 @@ def cli_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         main(argv)
     assert exit_.value.code == 2
     return capsys.readouterr().err
+
+
+def run_in_session(
+    argv: list[str], timeout: float, *, stderr: int = subprocess.PIPE
+) -> subprocess.CompletedProcess:
+    """Run ``argv`` (a thread per rank) in a session of its own, so that past ``timeout``
+    the process and everything it started are SIGKILLed; then fail naming the deadline."""
+    p = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        start_new_session=True,
+    )
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        tail = f"{out[-3000:]}{(err or '')[-3000:]}"
+        raise AssertionError(f"no end within {timeout} s:\n{tail}") from None
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)

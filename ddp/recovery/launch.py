@@ -29,13 +29,23 @@ from ddp.program.records import Record, load_attempts, log_name, parse_record_li
 from ddp.recovery.drivers.timeline import figures, figures_line, timeline
 from ddp.recovery.protocol.records import CommitRecord
 
-__all__ = ["main"]
+__all__ = ["local_env", "main"]
 
 
-def _free_port() -> int:
+def local_env() -> dict[str, str]:
+    """The environment of a job on this host, for its coordinator and every replica: a free
+    port on loopback for the coordinator, a fresh secret (in the environment, which other
+    users cannot read, never on a command line), and gloo kept on loopback too."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port = s.getsockname()[1]
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "DDP_RECOVERY_COORDINATOR": f"127.0.0.1:{port}",
+        "DDP_RECOVERY_SECRET": secrets.token_hex(16),
+        "GLOO_SOCKET_IFNAME": "lo",
+    }
 
 
 class _Tail:
@@ -80,14 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"no script at {a.script}")
     log_dir = Path(a.log_dir or tempfile.mkdtemp(prefix="ddp-launch-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "DDP_RECOVERY_COORDINATOR": f"127.0.0.1:{port}",
-        "DDP_RECOVERY_SECRET": secrets.token_hex(16),
-        "GLOO_SOCKET_IFNAME": "lo",
-    }
+    env = local_env()
+    port = int(env["DDP_RECOVERY_COORDINATOR"].rpartition(":")[2])
     procs: dict[str, subprocess.Popen] = {}
 
     def start(name: str, cmd: list[str], rank: int | None = None) -> None:

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from ddp.program.records import read_rank_log
+from ddp.recovery.launch import local_env
 from ddp.recovery.protocol.records import CommitRecord, HealRecord
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "recovery_loop.py"
@@ -37,12 +36,6 @@ while not go.exists():
     time.sleep(0.01)
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _commits(path: Path) -> list[CommitRecord]:
@@ -68,14 +61,8 @@ def _wait_for(what: str, cond, deadline: float) -> None:
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("wrapper", ["ours", "torch"])
 def test_example_loop_survives_a_kill_and_heals_a_replacement(tmp_path, wrapper):
-    port = _free_port()
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "DDP_RECOVERY_COORDINATOR": f"127.0.0.1:{port}",
-        "DDP_RECOVERY_SECRET": secrets.token_hex(16),
-        "GLOO_SOCKET_IFNAME": "lo",
-    }
+    env = local_env()
+    port = int(env["DDP_RECOVERY_COORDINATOR"].rpartition(":")[2])
     procs: dict[str, subprocess.Popen] = {}
 
     def start(name: str, argv: list[str], rank: int | None = None) -> None:

@@ -6,8 +6,6 @@ the ranks wrote, not from the printed text."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,28 +20,13 @@ from ddp.recovery.protocol.records import (
     QuorumRecord,
     RecoveryVerdictRecord,
 )
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+from tests.helpers import run_in_session
 
 
 def _live(tmp_path: Path, *args: str, timeout: float = 50) -> subprocess.CompletedProcess:
     argv = ["--recovery", "live", "--world-size", "4", "--log-dir", str(tmp_path / "logs")]
-    # A session of its own: past the deadline the launcher and every rank it started go.
-    p = subprocess.Popen(
-        [sys.executable, "-m", "ddp", *argv, "--collective-timeout", "60", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=ENV,
-        start_new_session=True,
-    )
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate()
-        raise AssertionError(f"no end within {timeout} s:\n{out[-3000:]}{err[-3000:]}") from None
-    r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+    cmd = [sys.executable, "-m", "ddp", *argv, "--collective-timeout", "60", *args]
+    r = run_in_session(cmd, timeout)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r
 

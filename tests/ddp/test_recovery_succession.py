@@ -5,7 +5,6 @@ from the ranks' typed records); without a member that can take over, a member st
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -15,26 +14,9 @@ import pytest
 
 from ddp.program.records import EndRecord, load_attempts
 from ddp.recovery.protocol.records import CommitRecord, QuorumRecord, RecoveryVerdictRecord
+from tests.helpers import run_in_session
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
-    p = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=ENV,
-        start_new_session=True,
-    )
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate()
-        raise AssertionError(f"no end within {timeout} s:\n{out[-3000:]}{err[-3000:]}") from None
-    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 @pytest.mark.timeout(120)
@@ -44,7 +26,7 @@ def test_the_job_survives_the_coordinators_sigkill_and_then_its_successors(tmp_p
     argv = [sys.executable, "-m", "ddp", "--recovery", "live", "--world-size", "3"]
     argv += ["--steps", "16", "--step-delay-ms", "20", "--log-dir", str(tmp_path / "logs")]
     argv += ["--kill-coordinator-at-step", "4", "--kill-rank", "0", "--kill-at-step", "10"]
-    r = _run(argv, 110)
+    r = run_in_session(argv, 110)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "rank 0 took over" in r.stdout and "rank 1 took over" in r.stdout
     logs = load_attempts(tmp_path / "logs")

@@ -7,8 +7,6 @@ torchft (the [torchft] extra, part of dev)."""
 from __future__ import annotations
 
 import importlib.util
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +23,7 @@ from ddp.recovery.protocol.records import (
     QuorumRecord,
     RecoveryVerdictRecord,
 )
+from tests.helpers import run_in_session
 
 needs_torchft = pytest.mark.skipif(
     importlib.util.find_spec("torchft") is None, reason="torchft not installed ([torchft] extra)"
@@ -36,23 +35,9 @@ def _torchft_run(logs: Path, deadline: float, *flags: str) -> str:
     its stdout, once it exited 0."""
     argv = [sys.executable, "-m", "ddp", "--recovery", "torchft", "--world-size", "3"]
     argv += ["--model", "mini", "--log-dir", str(logs), "--collective-timeout", "30", *flags]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    with subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    ) as p:
-        try:
-            out, _ = p.communicate(timeout=deadline)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            out, _ = p.communicate()
-            pytest.fail(f"no end within {deadline} s:\n{out[-3000:]}")
-    assert p.returncode == 0, out[-3000:]
-    return out
+    r = run_in_session(argv, deadline, stderr=subprocess.STDOUT)
+    assert r.returncode == 0, r.stdout[-3000:]
+    return r.stdout
 
 
 def _by_rank(logs: Path) -> dict[int, list]:
