@@ -14,7 +14,9 @@ import pytest
 from ddp.torchfree import TrainConfig
 from lab.cli import build_parser, commands
 
-_TRAIN = {f.name for f in dataclasses.fields(TrainConfig)}
+# The lab's --nodes is its layout (containers); TrainConfig.nodes declares local nodes for
+# python -m ddp and is no lab flag.
+_TRAIN = {f.name for f in dataclasses.fields(TrainConfig)} - {"nodes"}
 _DEFAULT = re.compile(r"\(default ([^;()]+?)(?:; ([^()]*))?\)$")
 _LIVE = "--recovery live or torchft: "
 # flags whose help default is a description, not one value (checked by their own tests):
