@@ -124,6 +124,7 @@ def patch_ours(cls: type) -> None:
     """Patch ``ddp.wrapper.DistributedDataParallel`` (idempotent)."""
     if cls.__dict__.get("_ddp_instrument_patched"):
         return
+
     def attach(self: Any) -> None:
         from ddp.instrument.session import session
         from ddp.instrument.tally import StepTally
