@@ -97,3 +97,48 @@ def test_our_own_program_is_left_to_its_own_records(tmp_path: Path) -> None:
     assert sorted(p.name for p in logs.glob("rank*.jsonl")) == ["rank0.jsonl", "rank1.jsonl"]
     assert not any(log.script_steps or log.script_end for log in load_run(logs).values())
     assert not (tmp_path / "instrument").exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_rank_is_named_from_the_survivors_dumps(tmp_path: Path) -> None:
+    """SIGKILL one of 3 ranks mid-run: the survivors' collective fails, they exit through
+    their exit handlers, and their flight recorder dumps name the rank that never arrived."""
+    import signal
+    import time
+
+    from ddp.flight.diagnosis import diagnose
+    from ddp.program.records import read_rank_log
+
+    env = {
+        **os.environ,
+        **instrument_environment(str(tmp_path), pythonpath=str(ROOT)),
+        "OMP_NUM_THREADS": "1",
+    }
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3"]
+    script = [str(ROOT / "examples" / "mlp.py"), "--steps", "1000000", "--log-every", "1000000"]
+    proc = subprocess.Popen(
+        [*cmd, *script],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        log2 = tmp_path / "rank2.jsonl"
+        deadline = time.monotonic() + 200
+        while not (log2.exists() and len(read_rank_log(log2).script_steps) >= 3):
+            assert proc.poll() is None, "torchrun ended before rank 2 took 3 steps"
+            assert time.monotonic() < deadline, "rank 2 took no 3 steps in 200 s"
+            time.sleep(0.1)
+        (built,) = [r for r in read_rank_log(log2).records if isinstance(r, ScriptDDPRecord)]
+        os.kill(built.pid, signal.SIGKILL)
+        assert proc.wait(timeout=200) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    dumps = load_dumps(tmp_path)
+    assert sorted(dumps) == [0, 1]
+    diagnosis = diagnose(dumps, 3)
+    assert diagnosis.missing_ranks == [2] and diagnosis.op == "allreduce", diagnosis.summary()
+    assert diagnosis.summary().startswith("rank 2 missing at step ")
