@@ -104,9 +104,8 @@ class Probe:
     def finish(self) -> None:
         """At exit: the last step (ended by its last completed collective, else now) and the
         digest."""
-        pending = self.tally._current
-        ends = [b[1] for b in pending if b[1] is not None]
-        self.close(max(ends) if ends else time.time())
+        done = self.tally.last_done()
+        self.close(done if done is not None else time.time())
         digest = params_sha256(self.params)
         self.session.write(
             ScriptEndRecord(self.session.rank, self.index, self.step, digest, time.time())
@@ -146,7 +145,7 @@ class Session:
             self._start()
         assert self.recorder is not None
         inner = module.module
-        params = [p for p in inner.parameters()]
+        params = list(inner.parameters())
         trained = [p for p in params if p.requires_grad]
         probe = Probe(self, len(self.probes), StepTally(self.recorder), params)
         self.probes.append(probe)

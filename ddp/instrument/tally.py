@@ -60,6 +60,12 @@ class StepTally:
         done, self._current = self._current, []
         return done
 
+    def last_done(self) -> float | None:
+        """When the latest completed bucket of the step in progress finished (None: none
+        has): where the last step of a run ends, at exit."""
+        ends = [entry[1] for entry in self._current if entry[1] is not None]
+        return max(ends) if ends else None
+
     def __getattr__(self, name: str) -> Any:
         # The rest of the recorder's interface (record, dump, watch, ...), unchanged.
         return getattr(self.recorder, name)
