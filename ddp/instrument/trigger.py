@@ -13,6 +13,13 @@ runs on the main thread:
 
 The dump is ``flight_rank<R>.json`` in the log directory, reason ``requested``, in
 ``ddp.flight``'s format, so ``ddp.flight.diagnosis`` reads it.
+
+``SIGTERM`` too, if the script left it at its default: when one rank dies, torchrun's agent
+ends the others with it, often before their failed collective has reached their exit handler,
+and their dumps are what names the dead rank. So the rank dumps (reason ``exit``) and then
+dies as it would have: the main thread, if free, by SIGTERM itself; if it is blocked inside a
+collective, the reader thread ends the process after :data:`TERM_GRACE_S` with status 143
+(128 + SIGTERM), as a shell reports a SIGTERM.
 """
 
 from __future__ import annotations
@@ -21,13 +28,16 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from ddp.flight.recorder import FlightRecorder
 from ddp.instrument.env import DUMP_SIGNAL
 
-__all__ = ["DumpTriggers"]
+__all__ = ["TERM_GRACE_S", "DumpTriggers"]
+
+TERM_GRACE_S = 1.0  # after SIGTERM's dump: how long the main thread has to end the process
 
 
 def _ignore(signum: int, frame: Any) -> None:
@@ -41,6 +51,7 @@ class DumpTriggers:
         self.recorder = recorder
         self.directory = Path(directory)
         self.signal_armed = False
+        self.term_armed = False  # SIGTERM dumps too (the script left it at its default)
         self._pipe: tuple[int, int] | None = None
         self._reader: threading.Thread | None = None
 
@@ -59,6 +70,9 @@ class DumpTriggers:
             os.close(w)
             return
         signal.signal(DUMP_SIGNAL, _ignore)
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, self._on_term)
+            self.term_armed = True
         self._pipe = (r, w)
         self._reader = threading.Thread(
             target=self._read, args=(r,), name="ddp-instrument-dump-signal", daemon=True
@@ -75,10 +89,23 @@ class DumpTriggers:
             if not data:
                 return
             if int(DUMP_SIGNAL) in data:
-                try:
-                    self.dump("requested")
-                except OSError as e:
-                    print(f"ddp.instrument: requested dump failed: {e}", file=sys.stderr)
+                self._dump_quietly("requested")
+            if self.term_armed and int(signal.SIGTERM) in data:
+                self._dump_quietly("exit")
+                time.sleep(TERM_GRACE_S)  # the main thread, if free, ends it by SIGTERM
+                os._exit(128 + int(signal.SIGTERM))
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        """SIGTERM on the main thread (when it is free): dump, then die by SIGTERM."""
+        self._dump_quietly("exit")
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def _dump_quietly(self, reason: str) -> None:
+        try:
+            self.dump(reason)
+        except OSError as e:
+            print(f"ddp.instrument: {reason} dump failed: {e}", file=sys.stderr)
 
     def dump(self, reason: str) -> Path:
         return self.recorder.dump(self.directory, reason)
