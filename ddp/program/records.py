@@ -6,6 +6,8 @@ bucket timeline), ``verdict`` (rank 0: does parity hold), ``failure`` (a peer di
 the diagnosis) and ``end`` (the final parameters' digest). With ``emit_records`` the same records
 also go to stdout as ``@ddp {json}`` lines, so a program that follows the run (the lab) learns
 progress and verdicts from data, never from the human-readable table, which may change freely.
+A script run under ``ddp.instrument`` writes the ``script_*`` records
+(``ddp.instrument.records``) to the same kind of log, read by the same reader.
 
 One rule for a torn last line, in every reader: a run still being written, or a rank killed
 mid-write, leaves a last line without its end; it is dropped (``RankLog.torn``). A bad line
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
+from ddp.instrument.records import SCRIPT_RECORDS, ScriptEndRecord, ScriptStepRecord
 from ddp.recovery.protocol.records import KINDS, Record
 
 __all__ = [
@@ -138,7 +141,8 @@ class EndRecord(Record):
 
 
 _TYPES: dict[str, type[Record]] = {
-    t.event: t for t in (ConfigRecord, StepRecord, VerdictRecord, FailureRecord, EndRecord)
+    t.event: t
+    for t in (ConfigRecord, StepRecord, VerdictRecord, FailureRecord, EndRecord, *SCRIPT_RECORDS)
 }
 
 
@@ -228,6 +232,16 @@ class RankLog:
         """The cap ``bucket_cap_mb="auto"`` chose, on the step that rebuilt the buckets (the
         same on every rank); None when the rank did not choose one."""
         return next((float(r.auto_cap["cap_mb"]) for r in self.steps if r.auto_cap), None)
+
+    @property
+    def script_steps(self) -> list[ScriptStepRecord]:
+        """The steps an instrumented script reported (``ddp.instrument``), every module's."""
+        return [r for r in self.records if isinstance(r, ScriptStepRecord)]
+
+    @property
+    def script_end(self) -> list[ScriptEndRecord]:
+        """An instrumented script's exit records, one per module it built."""
+        return [r for r in self.records if isinstance(r, ScriptEndRecord)]
 
     @property
     def verdict(self) -> VerdictRecord | None:
