@@ -111,11 +111,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds the job may take before it is stopped (default 600)",
     )
     add_common(p)
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
+    p.add_argument(
+        "user_command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="what to run"
+    )
 
 
 def plan(args: argparse.Namespace) -> RunPlan:
-    command = list(args.command)
+    command = list(args.user_command)
     if command and command[0] == "--":
         command = command[1:]
     made = RunPlan(
@@ -149,7 +151,8 @@ def report(result: RunResult) -> int:
     written = write_files(summary)
     write_scalars(summary, Path(result.run_dir) / TB_DIR / "run")
     made = page(summary)
-    print(f"took {result.seconds:.0f} s; wrote {result.run_dir}/: {', '.join(p.name for p in written)}")
+    names = ", ".join(p.name for p in written)
+    print(f"took {result.seconds:.0f} s; wrote {result.run_dir}/: {names}")
     for line in publish(result.run_dir, made.page, made.summary, made.files, made.jobs):
         print(line)
     for line in summary.lines():

@@ -6,6 +6,7 @@ results."""
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from dataclasses import dataclass, field
 
@@ -48,7 +49,7 @@ def link_bytes(counters: dict[int, str], ends: list[float]) -> list[float]:
     """Bytes every node sent on eth0 between consecutive step ends (``ends``, sorted)."""
     per_node = [_samples(text) for text in counters.values()]
     out = []
-    for a, b in zip(ends, ends[1:], strict=False):
+    for a, b in itertools.pairwise(ends):
         total = 0.0
         for samples in per_node:
             ta, tb = _tx_at(samples, a), _tx_at(samples, b)

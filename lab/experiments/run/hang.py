@@ -76,12 +76,15 @@ class Where:
         return f"{self.file}:{self.line} ({said})" if said else f"{self.file}:{self.line}"
 
 
-def where_from_pyspy(threads: object, workdir: str, sources: Mapping[str, list[str]]) -> Where | None:
+def where_from_pyspy(
+    threads: object, workdir: str, sources: Mapping[str, list[str]]
+) -> Where | None:
     """From ``py-spy dump --json``'s threads: the main thread's innermost frame under
     ``workdir`` (the copy in the node); ``sources`` maps a file (relative) to its lines."""
     if not isinstance(threads, list) or not threads:
         return None
-    main = next((t for t in threads if isinstance(t, dict) and t.get("thread_name") == "MainThread"), threads[0])
+    named = [t for t in threads if isinstance(t, dict) and t.get("thread_name") == "MainThread"]
+    main = named[0] if named else threads[0]
     frames = main.get("frames") if isinstance(main, dict) else None
     root = workdir.rstrip("/") + "/"
     for frame in frames or []:  # innermost first
@@ -125,7 +128,9 @@ def _stuck_text(dumps: Mapping[int, dict], world_size: int) -> tuple[str, list[i
         detail.append(_mb(int(rec["nbytes"])))
     if d.step is not None and d.step >= 0:
         detail.append(f"step {d.step}")
-    what = f"{d.op or 'collective'} seq {d.stuck_seq}" + (f" ({', '.join(detail)})" if detail else "")
+    what = f"{d.op or 'collective'} seq {d.stuck_seq}"
+    if detail:
+        what += f" ({', '.join(detail)})"
     if d.missing_ranks:
         return f"{_ranks(d.missing_ranks)} missing at {what}", d.missing_ranks
     if d.late:
@@ -155,8 +160,7 @@ def explain(
         if where is not None and rank not in missing:
             groups.setdefault(where.text(), []).append(rank)
     for text, ranks in sorted(groups.items(), key=lambda kv: kv[1]):
-        verb = "waiting" if stuck else "in"
-        parts.append(f"{_ranks(ranks)} {verb} in {text}" if verb == "waiting" else f"{_ranks(ranks)} in {text}")
+        parts.append(f"{_ranks(ranks)} {'waiting in' if stuck else 'in'} {text}")
     placed = set(missing) | {r for rs in groups.values() for r in rs}
     gone = sorted(r for r, code in exits.items() if r not in placed and code != 0)
     if gone and not stuck:

@@ -21,7 +21,8 @@ def page(summary: RunSummary) -> Results:
     command = command_line("run")
     verdict = summary.broken or summary.replicas()
     figure = summary.headline()
-    sections = [figures_section(result.run_dir, [(FIGURE, "step time per rank; MB on the link per step")])]
+    caption = "step time per rank; MB on the link per step"
+    sections = [figures_section(result.run_dir, [(FIGURE, caption)])]
     if result.diagnosis is not None:
         sections.append(Section("Diagnosis", [Text([result.diagnosis], pre=True)]))
     timeline = [f"{f.at_s:+8.2f} s  {f.text}" for f in result.faults] or ["no fault"]

@@ -33,8 +33,19 @@ MAX_WORKDIR_MB = 100.0  # copied into every node, through the engine's API, per 
 NODE_WORKDIR = "/workdir"  # where the workdir lands in every node, and the script's cwd
 # Never copied: version control, caches, environments and the lab's own outputs.
 EXCLUDED_DIRS = frozenset(
-    {".git", "__pycache__", ".venv", "venv", "runs", ".pytest_cache", ".ruff_cache", ".mypy_cache",
-     "node_modules", "wheelhouse", ".tox"}
+    {
+        ".git",
+        "__pycache__",
+        ".venv",
+        "venv",
+        "runs",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".mypy_cache",
+        "node_modules",
+        "wheelhouse",
+        ".tox",
+    }
 )
 _PYTHONS = ("python", "python3")
 
@@ -120,9 +131,9 @@ class RunPlan:
         _, size = workdir_files(self.workdir)
         if size > self.max_workdir_mb * 1e6:
             raise ValueError(
-                f"--workdir {self.workdir} holds {size / 1e6:.0f} MB, over the {self.max_workdir_mb:g} "
-                "MB limit (copied into every node): pass --workdir of the script's own folder, "
-                "or keep data out of it"
+                f"--workdir {self.workdir} holds {size / 1e6:.0f} MB, over the "
+                f"{self.max_workdir_mb:g} MB limit (copied into every node): pass "
+                "--workdir of the script's own folder, or keep data out of it"
             )
         if self.requirements is not None and not self.requirements.is_file():
             raise ValueError(f"--requirements {self.requirements}: no such file")

@@ -70,7 +70,7 @@ def _wheelhouse(client: docker.DockerClient, plan: RunPlan) -> tuple[Path, str]:
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     except subprocess.TimeoutExpired:
-        raise ValueError(f"--requirements {plan.requirements}: pip download took over 900 s") from None
+        raise ValueError(f"--requirements {plan.requirements}: pip took over 900 s") from None
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
         raise ValueError(
@@ -97,7 +97,11 @@ def resolve(plan: RunPlan) -> None:
 def _context(house: Path, requirements: Path) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in (("Dockerfile", _DOCKERFILE.encode()), ("requirements.txt", requirements.read_bytes())):
+        files = (
+            ("Dockerfile", _DOCKERFILE.encode()),
+            ("requirements.txt", requirements.read_bytes()),
+        )
+        for name, data in files:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))

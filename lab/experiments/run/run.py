@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ddp.flight.dumps import load_dumps
+from ddp.instrument.env import instrument_environment, site_dir
 from lab.engine.client import connect
 from lab.engine.cluster import Cluster
 from lab.engine.events import Event, ExitEvent, LineEvent, RecordEvent
@@ -43,12 +44,28 @@ JOB = "job"
 _WAIT_SLACK_S = 15.0
 _DUMP_GRACE_S = 3.0  # SIGUSR2 -> every live rank's dump on the volume
 _STOP_S = 20.0  # workers killed -> torchrun's agents exit
+SITE_DIR = "/opt/lab-run-site"  # the instrumentation's sitecustomize in every node
 _Echo = Callable[[str], None]
+
 
 def instrument_env(log_dir: str) -> dict[str, str]:
     """What turns the image's instrumentation on for every Python process of the job: its
-    records in ``log_dir`` (the job's directory on the volume) and on stdout."""
-    return {"DDP_INSTRUMENT": "1", "DDP_LOG_DIR": log_dir, "DDP_EMIT_RECORDS": "1"}
+    records in ``log_dir`` (the job's directory on the volume) and on stdout, and its
+    ``sitecustomize`` first on the path (copied to :data:`SITE_DIR` in every node)."""
+    return instrument_environment(log_dir, site=Path(SITE_DIR))
+
+
+def _copy_site(cluster: Cluster) -> None:
+    """The instrumentation's ``sitecustomize.py`` into every node's :data:`SITE_DIR`: the
+    file activates ``ddp.instrument`` (in the image) when ``DDP_INSTRUMENT=1``."""
+    data = (site_dir() / "sitecustomize.py").read_bytes()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo(f"{SITE_DIR.strip('/')}/sitecustomize.py")
+        info.size, info.mode = len(data), 0o644
+        tar.addfile(info, io.BytesIO(data))
+    for node in cluster.nodes:
+        node.container.put_archive("/", buf.getvalue())
 
 
 def _archive(workdir: Path) -> bytes:
@@ -237,6 +254,7 @@ def run(plan: RunPlan, echo: _Echo = print) -> RunResult:
             stack.enter_context(_counted(cluster, plan, result))
             env = dict(TORCHRUN_ENV)
             if plan.instrument:
+                _copy_site(cluster)
                 env.update(instrument_env(f"{job_dir(JOB)}/logs"))
             follower = _Follower(result, echo, plan.progress)
             job = cluster.job(

@@ -35,7 +35,6 @@ print(json.dumps(found))
 """
 
 
-
 class Workers:
     """Each rank's worker pid and node, and reading them: SIGUSR2, py-spy."""
 
@@ -83,5 +82,3 @@ class Workers:
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
             return dict(pool.map(one, sorted(self.pids.items())))
-
-
