@@ -17,7 +17,9 @@ from collections.abc import Callable
 
 from lab.engine.cluster import Cluster
 from lab.engine.events import Event, RecordEvent
+from lab.engine.specs import job_dir
 from lab.experiments.run.faults import FaultCue
+from lab.experiments.run.names import JOB
 from lab.experiments.run.plan import RunPlan
 from lab.experiments.run.records import step_of
 from lab.experiments.run.result import FaultEvent, RunResult
@@ -28,6 +30,7 @@ from lab.shaping.verified_link import verified_link
 
 __all__ = ["Cues", "due"]
 
+_SNAPSHOT_AFTER_S = 0.3  # from a kill to asking the others for their flight recorders
 _LINK_SETTLE_S = 15.0  # the probe re-verifies a changed link: no hang verdict meanwhile
 
 
@@ -102,6 +105,9 @@ class Cues:
 
     def fire(self, event: Event | None, now: float, last_step: dict[int, int]) -> None:
         """Fire every cue that is due; lift every fault whose time is up."""
+        kills = any(c.kind == "kill" and c.by_step for c in self.pending)
+        if kills and not self.workers.pids and isinstance(event, RecordEvent):
+            self.workers.find()  # ahead: the kill itself is then one exec
         for cue in list(self.pending):
             if due(cue, event, now, self.started):
                 self.pending.remove(cue)
@@ -126,7 +132,7 @@ class Cues:
 
     def _kill(self, cue: FaultCue) -> None:
         assert cue.rank is not None
-        found = self.workers.find()
+        found = self.workers.pids if cue.rank in self.workers.pids else self.workers.find()
         if cue.rank not in found:
             self._log(f"{cue.describe()}: no worker with RANK={cue.rank} found, nothing killed")
             return
@@ -134,6 +140,11 @@ class Cues:
         code, out = self.cluster.exec(node, ["kill", "-9", str(pid)])
         said = f"exit {code}" + (f": {out.strip()}" if out.strip() else "")
         self._log(f"{cue.describe()}: SIGKILL of pid {pid} in node{node} ({said})")
+        if self.plan.instrument:
+            # The survivors' flight recorders now, while they wait for the dead rank: torchrun's
+            # agent soon SIGTERMs the dead rank's node-mates, which then leave no dump.
+            time.sleep(_SNAPSHOT_AFTER_S)
+            self.workers.request_dumps(f"{job_dir(JOB)}/logs")
 
     def _node_fault(self, cue: FaultCue) -> None:
         assert cue.node is not None

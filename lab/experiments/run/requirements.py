@@ -23,7 +23,8 @@ import docker.errors
 
 import docker
 from lab.engine.client import LabError, require_image
-from lab.engine.image import image_id, platform_tags, probe_base
+from lab.engine.distribute import image_id
+from lab.engine.image import platform_tags, probe_base
 from lab.experiments.run.plan import RunPlan
 
 __all__ = ["WHEELHOUSES", "derived_tag", "image_for", "resolve"]

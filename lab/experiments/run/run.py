@@ -32,6 +32,7 @@ from lab.engine.specs import job_dir
 from lab.engine.training import RDZV_PORT, TORCHRUN_ENV, torchrun_head
 from lab.experiments.run.cues import Cues
 from lab.experiments.run.hang import HangWatch, explain
+from lab.experiments.run.names import JOB
 from lab.experiments.run.plan import NODE_WORKDIR, RunPlan, workdir_files
 from lab.experiments.run.records import digest_of, step_of
 from lab.experiments.run.result import RunResult, StepSeen
@@ -40,7 +41,6 @@ from lab.experiments.topology.counters import sampled
 
 __all__ = ["JOB", "instrument_env", "run"]
 
-JOB = "job"
 _WAIT_SLACK_S = 15.0
 _DUMP_GRACE_S = 3.0  # SIGUSR2 -> every live rank's dump on the volume
 _STOP_S = 20.0  # workers killed -> torchrun's agents exit
@@ -127,6 +127,7 @@ class _Follower:
         self.watch = HangWatch(result.plan.hang_after_s)
         self._shown = 0.0
         self.last_step: dict[int, int] = {}
+        self.ended: set[int] = set()  # ranks that wrote their digest: past training
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, LineEvent):
@@ -139,6 +140,7 @@ class _Follower:
             digest = digest_of(event.record)
             if digest is not None:
                 self.result.digests[event.record.rank] = digest
+                self.ended.add(event.record.rank)
         elif isinstance(event, ExitEvent):
             self.echo(f"[node{event.node}] torchrun exited {event.code}")
 
@@ -160,7 +162,7 @@ def _diagnose(
     stacks.find()
     asked = time.time()
     if plan.instrument:
-        stacks.signal("USR2")
+        stacks.request_dumps(f"{job_dir(JOB)}/logs")
     where = stacks.read()
     time.sleep(_DUMP_GRACE_S if plan.instrument else 0.0)
     dumps: dict[int, dict] = {}
@@ -201,7 +203,12 @@ def _follow(
             _stop(cluster, job, stacks)
             return line
         quiet = follower.watch.stalled(time.time())
-        if quiet is not None and not cues.suspends_hang(time.time()):
+        if follower.ended or cues.suspends_hang(time.time()):
+            quiet = None  # the script is past training (shutting down), or stopped by design
+        if quiet is not None and not stacks.find():
+            follower.watch.step(time.time())  # no worker left: the job is ending, not stuck
+            quiet = None
+        if quiet is not None:
             echo(
                 f"[lab] no step record for {quiet:.1f} s (limit {follower.watch.limit_s:.1f} s): "
                 "collecting every rank's flight recorder and stack"

@@ -1,7 +1,7 @@
 """A job's torchrun workers, found and read from outside: each rank's pid and node (by the
 ``RANK`` torchrun put in its environment, so no instrumentation is needed), a signal to them
-(SIGKILL for a fault, SIGUSR2 for the flight recorder), and their Python stacks (py-spy, which
-the image carries; the containers have CAP_SYS_PTRACE)."""
+(SIGKILL for a fault), their flight recorders (the instrumentation's request file) and their
+Python stacks (py-spy, which the image carries; the containers have CAP_SYS_PTRACE)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,10 @@ for pid in os.listdir('/proc'):
         found[rank] = min(found.get(rank, int(pid)), int(pid))
 print(json.dumps(found))
 """
+_REQUEST = (
+    "import sys; from pathlib import Path; from ddp.flight.dumps import request_dumps; "
+    "request_dumps(Path(sys.argv[1]))"
+)
 
 
 class Workers:
@@ -53,6 +57,13 @@ class Workers:
         if found:
             self.pids = found
         return found
+
+    def request_dumps(self, log_dir: str) -> None:
+        """Every live rank's flight recorder into ``log_dir``: the instrumentation's request
+        file, which its watcher thread answers even while the rank is blocked in a collective
+        (a signal would end a process that has no handler for it, e.g. one still importing)."""
+        for node in self.cluster.engines.first_nodes():  # each engine's volume
+            self.cluster.exec(node, ["python3", "-c", _REQUEST, log_dir])
 
     def signal(self, sig: str, ranks: list[int] | None = None) -> None:
         for rank, (node, pid) in sorted(self.pids.items()):
