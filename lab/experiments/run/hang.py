@@ -93,7 +93,7 @@ def where_from_pyspy(
             rel = name[len(root) :]
             line = int(frame.get("line", 0))
             lines = sources.get(rel, [])
-            text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+            text = lines[line - 1].split("#")[0].strip() if 0 < line <= len(lines) else ""
             return Where(rel, line, str(frame.get("name", "")), text[:60])
     return None
 
