@@ -9,6 +9,7 @@ import concurrent.futures
 import contextlib
 import json
 
+from lab.engine.client import GONE
 from lab.engine.cluster import Cluster
 from lab.experiments.run.hang import Where, where_from_pyspy
 from lab.experiments.run.plan import NODE_WORKDIR, RunPlan, workdir_files
@@ -49,10 +50,17 @@ class Workers:
         self.cluster, self.plan = cluster, plan
         self.pids: dict[int, tuple[int, int]] = {}  # rank -> (node, pid)
 
+    def _exec(self, node: int, argv: list[str]) -> tuple[int, str]:
+        """``cluster.exec``, or (-1, why) for a node that cannot run one (paused, gone)."""
+        try:
+            return self.cluster.exec(node, argv)
+        except GONE as e:
+            return -1, str(e)
+
     def find(self) -> dict[int, tuple[int, int]]:
         found: dict[int, tuple[int, int]] = {}
         for node in self.cluster.nodes:
-            code, out = self.cluster.exec(node.index, ["python3", "-c", _WORKERS])
+            code, out = self._exec(node.index, ["python3", "-c", _WORKERS])
             if code == 0:
                 with contextlib.suppress(ValueError):
                     for rank, pid in json.loads(out.strip().splitlines()[-1]).items():
@@ -66,12 +74,12 @@ class Workers:
         file, which its watcher thread answers even while the rank is blocked in a collective
         (a signal would end a process that has no handler for it, e.g. one still importing)."""
         for node in self.cluster.engines.first_nodes():  # each engine's volume
-            self.cluster.exec(node, ["sh", "-c", _REQUEST, log_dir])
+            self._exec(node, ["sh", "-c", _REQUEST, log_dir])
 
     def signal(self, sig: str, ranks: list[int] | None = None) -> None:
         for rank, (node, pid) in sorted(self.pids.items()):
             if ranks is None or rank in ranks:
-                self.cluster.exec(node, ["kill", f"-{sig}", str(pid)])
+                self._exec(node, ["kill", f"-{sig}", str(pid)])
 
     def read(self) -> dict[int, Where | None]:
         """Every live worker's stack, read in parallel (py-spy stops each for a moment)."""
@@ -84,7 +92,7 @@ class Workers:
 
         def one(item: tuple[int, tuple[int, int]]) -> tuple[int, Where | None]:
             rank, (node, pid) = item
-            code, out = self.cluster.exec(
+            code, out = self._exec(
                 node, ["py-spy", "dump", "--pid", str(pid), "--json", "--nonblocking"]
             )
             if code != 0:
