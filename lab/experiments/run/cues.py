@@ -121,7 +121,7 @@ class Cues:
 
     def _fire(self, cue: FaultCue, last_step: dict[int, int]) -> None:
         if cue.kind == "kill":
-            self._kill(cue)
+            self._kill(cue, last_step)
         elif cue.kind == "link":
             assert cue.ms is not None
             self._quiet_until = time.time() + _LINK_SETTLE_S
@@ -130,7 +130,7 @@ class Cues:
         else:
             self._node_fault(cue)
 
-    def _kill(self, cue: FaultCue) -> None:
+    def _kill(self, cue: FaultCue, last_step: dict[int, int]) -> None:
         assert cue.rank is not None
         found = self.workers.pids if cue.rank in self.workers.pids else self.workers.find()
         if cue.rank not in found:
@@ -139,7 +139,9 @@ class Cues:
         node, pid = found[cue.rank]
         code, out = self.cluster.exec(node, ["kill", "-9", str(pid)])
         said = f"exit {code}" + (f": {out.strip()}" if out.strip() else "")
-        self._log(f"{cue.describe()}: SIGKILL of pid {pid} in node{node} ({said})")
+        reached = last_step.get(cue.rank)
+        had = f"; it had reported step {reached}" if reached is not None else ""
+        self._log(f"{cue.describe()}: SIGKILL of pid {pid} in node{node} ({said}{had})")
         if self.plan.instrument:
             # The survivors' flight recorders now, while they wait for the dead rank: torchrun's
             # agent soon SIGTERMs the dead rank's node-mates, which then leave no dump.

@@ -107,11 +107,12 @@ def _mb(nbytes: int) -> str:
     return f"{nbytes / 1e6:.1f} MB" if nbytes >= 1e5 else f"{nbytes / 1e3:.1f} kB"
 
 
-def _stuck_text(dumps: Mapping[int, dict], world_size: int) -> tuple[str, list[int]]:
-    """The flight recorders' part and the ranks it names missing."""
+def _stuck_text(dumps: Mapping[int, dict], world_size: int) -> tuple[str, list[int], list[int]]:
+    """The flight recorders' part, the ranks it names missing, and those that arrived."""
     d = diagnose(dict(dumps), world_size)
     if d.stuck_seq is None:
-        return "", []
+        return "", [], []
+    arrived = sorted(set(d.waiting) | set(d.noticed))
     rec = next(
         (
             r
@@ -132,10 +133,10 @@ def _stuck_text(dumps: Mapping[int, dict], world_size: int) -> tuple[str, list[i
     if detail:
         what += f" ({', '.join(detail)})"
     if d.missing_ranks:
-        return f"{_ranks(d.missing_ranks)} missing at {what}", d.missing_ranks
+        return f"{_ranks(d.missing_ranks)} missing at {what}", d.missing_ranks, arrived
     if d.late:
-        return f"{_ranks(d.late)} not yet at {what}", d.late
-    return f"every rank at {what} but it never completed (the network?)", []
+        return f"{_ranks(d.late)} not yet at {what}", d.late, arrived
+    return f"every rank at {what} but it never completed (the network?)", [], arrived
 
 
 def explain(
@@ -149,7 +150,7 @@ def explain(
     """One line: who is missing where (the dumps), where the others wait (the stacks), and
     for ranks neither names, how they ended (``exits``: rank -> exit code, where known)."""
     parts = []
-    stuck, missing = _stuck_text(dumps, world_size) if dumps else ("", [])
+    stuck, missing, arrived = _stuck_text(dumps, world_size) if dumps else ("", [], [])
     exits = dict(exits or {})
     if stuck:
         parts.append(stuck)
@@ -162,6 +163,10 @@ def explain(
     for text, ranks in sorted(groups.items(), key=lambda kv: kv[1]):
         parts.append(f"{_ranks(ranks)} {'waiting in' if stuck else 'in'} {text}")
     placed = set(missing) | {r for rs in groups.values() for r in rs}
+    unseen = [r for r in arrived if r not in placed]
+    if unseen:  # their recorders say they were in it; they ended before their stack was read
+        parts.append(f"{_ranks(unseen)} there too (ended before a stack was read)")
+        placed |= set(unseen)
     gone = sorted(r for r, code in exits.items() if r not in placed and code != 0)
     if gone and not stuck:
         parts.append(f"{_ranks(gone)} gone (exit {', '.join(str(exits[r]) for r in gone)})")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ddp.flight.dumps import load_dumps
 from ddp.instrument.env import instrument_environment, site_dir
-from lab.engine.client import connect
+from lab.engine.client import GONE, connect
 from lab.engine.cluster import Cluster
 from lab.engine.events import Event, ExitEvent, LineEvent, RecordEvent
 from lab.engine.job import Job
@@ -225,12 +225,16 @@ def _follow(
 
 
 @contextlib.contextmanager
-def _counted(cluster: Cluster, plan: RunPlan, result: RunResult) -> Iterator[None]:
+def _counted(cluster: Cluster, plan: RunPlan, result: RunResult, echo: _Echo) -> Iterator[None]:
     if plan.nodes < 2:
         yield
         return
-    with sampled(cluster, "eth0-run", plan.run_timeout_s + 120) as counters:
-        yield
+    counters: dict[int, str] = {}
+    try:
+        with sampled(cluster, "eth0-run", plan.run_timeout_s + 120) as counters:
+            yield
+    except GONE as e:  # a paused or killed node cannot be read: the others' counts stand
+        echo(f"warning: eth0 counters of some node not read ({type(e).__name__})")
     result.counters = counters
 
 
@@ -258,7 +262,7 @@ def run(plan: RunPlan, echo: _Echo = print) -> RunResult:
             _copy_workdir(cluster, plan, echo)
             cues = stack.enter_context(Cues(cluster, plan, result, echo))
             cues.link_at_start()
-            stack.enter_context(_counted(cluster, plan, result))
+            stack.enter_context(_counted(cluster, plan, result, echo))
             env = dict(TORCHRUN_ENV)
             if plan.instrument:
                 _copy_site(cluster)
