@@ -146,7 +146,8 @@ def analyse(result: RunResult) -> RunSummary:
     if timed:
         s.median_ms, s.p90_ms = statistics.median(timed), percentile(timed, 90)
     lead = sorted(s.per_rank.get(0, []), key=lambda x: x.step)
-    if result.counters and len(lead) >= 2:
+    every = len(result.counters) == result.plan.nodes  # a node not read: no total to give
+    if every and len(lead) >= 2:
         per = link_bytes(result.counters, [x.t for x in lead])
         s.step_bytes = {x.step: b for x, b in zip(lead[1:], per, strict=False)}
         if s.step_bytes:
