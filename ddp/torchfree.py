@@ -14,6 +14,22 @@ from __future__ import annotations
 from ddp.flight.diagnosis import Diagnosis, diagnose
 from ddp.flight.dumps import load_dumps
 from ddp.flight.gloo_errors import error_meaning, strip_source
+from ddp.instrument.env import (
+    DUMP_SIGNAL,
+    ENV_EMIT_RECORDS,
+    ENV_FLIGHT_CAPACITY,
+    ENV_INSTRUMENT,
+    ENV_LOG_DIR,
+    InstrumentEnv,
+    instrument_environment,
+    site_dir,
+)
+from ddp.instrument.records import (
+    ScriptDDPRecord,
+    ScriptEndRecord,
+    ScriptHookRecord,
+    ScriptStepRecord,
+)
 from ddp.program.config import (
     COMM_HOOKS,
     COMPRESSION_HOOKS,
@@ -72,6 +88,11 @@ from ddp.report import (
 __all__ = [
     "COMM_HOOKS",
     "COMPRESSION_HOOKS",
+    "DUMP_SIGNAL",
+    "ENV_EMIT_RECORDS",
+    "ENV_FLIGHT_CAPACITY",
+    "ENV_INSTRUMENT",
+    "ENV_LOG_DIR",
     "GROUPS",
     "POWERSGD_RANK",
     "POWERSGD_START_ITER",
@@ -87,6 +108,7 @@ __all__ = [
     "Figure",
     "Headline",
     "HealRecord",
+    "InstrumentEnv",
     "Link",
     "LogError",
     "Page",
@@ -96,6 +118,10 @@ __all__ = [
     "Record",
     "RecoveryVerdictRecord",
     "Rendezvous",
+    "ScriptDDPRecord",
+    "ScriptEndRecord",
+    "ScriptHookRecord",
+    "ScriptStepRecord",
     "Section",
     "StepRecord",
     "Table",
@@ -108,6 +134,7 @@ __all__ = [
     "diagnose",
     "error_meaning",
     "flag_of",
+    "instrument_environment",
     "load_attempts",
     "load_dumps",
     "load_run",
@@ -116,6 +143,7 @@ __all__ = [
     "rank_outcome",
     "recovery_figures",
     "recovery_timeline",
+    "site_dir",
     "step_scalars",
     "steps_table",
     "strip_source",
