@@ -50,7 +50,7 @@ prints: the nodes' output, progress, the faults as they land, then
 files: runs/<run-id>/report.html, report.json, steps.png, summary.json, tb/, job/logs/.
 refused (exit 2): a script not in --workdir, a workdir over {MAX_WORKDIR_MB:g} MB, a
 requirements file that does not resolve, a fault aimed outside the layout.
-exit codes: 0 the job ended cleanly (replicas identical where digests came), 1 it did not
+Exit codes: 0 the job ended cleanly (replicas identical where digests came), 1 it did not
 (or a diagnosis), 2 bad arguments, 130 interrupted."""
 
 
@@ -79,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     link.add_argument(
         "--ms", type=number(0), default=0.0, help="one-way delay per packet (default 0: unshaped)"
     )
-    link.add_argument("--rate-mbit", type=number(0, strict=True), help="rate cap (default none)")
+    link.add_argument("--rate-mbit", type=number(0, strict=True), help="rate cap in Mbit/s (default none)")
     add_shaper(link)
     add_impairments(p)
     f = p.add_argument_group("faults and hangs")
@@ -89,7 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="SPEC",
         help="kill:rank=R:at-step=N, pause:node=K:at=20s:for=10s, partition:node=K:at-step=N, "
-        "link:ms=MS:at-step=N (several allowed)",
+        "link:ms=MS:at-step=N (several allowed; default none)",
     )
     f.add_argument(
         "--hang-after",
