@@ -79,7 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     link.add_argument(
         "--ms", type=number(0), default=0.0, help="one-way delay per packet (default 0: unshaped)"
     )
-    link.add_argument("--rate-mbit", type=number(0, strict=True), help="rate cap in Mbit/s (default none)")
+    link.add_argument(
+        "--rate-mbit", type=number(0, strict=True), help="rate cap in Mbit/s (default none)"
+    )
     add_shaper(link)
     add_impairments(p)
     f = p.add_argument_group("faults and hangs")
