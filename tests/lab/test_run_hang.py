@@ -108,3 +108,14 @@ def test_the_user_s_innermost_frame_from_py_spy() -> None:
         {"thread_name": "MainThread", "frames": [{"name": "f", "filename": "/x.py", "line": 1}]}
     ]
     assert where_from_pyspy(outside, "/workdir", {}) is None
+
+
+def test_ranks_that_arrived_but_ended_before_their_stack(tmp_path: Path) -> None:
+    dumps = _dumps(tmp_path, [0, 1, 3])
+    where = Where("train.py", 57, "main", "loss.backward()")
+    line = explain(dumps, {0: where}, 4)
+    assert line == (
+        "rank 2 missing at allreduce seq 41 (bucket 0, 2.1 MB, step 41); "
+        "rank 0 waiting in train.py:57 (loss.backward()); "
+        "ranks 1, 3 there too (ended before a stack was read)"
+    )
