@@ -3,10 +3,11 @@
 A context manager over the run: node faults are :mod:`lab.faults`' (prepared when the job
 starts, so the injection is one quick call; released whatever happens); a kill SIGKILLs the
 rank's worker process (found by its ``RANK``, :mod:`.workers`), not its container, so torchrun's
-agent sees its worker die; a link cue replaces the verified link with the new one, verified by
-the probe again (:func:`lab.shaping.verified_link.verified_link`). Step cues are matched against
-the step records (rank R's record of step N - 1 for ``kill:rank=R``, rank 0's for the others),
-time cues against the wall clock from the job's start.
+agent sees its worker die; a link cue replaces the verified link with the new one, probed
+again (:func:`lab.shaping.verified_link.verified_link`): measured and shown, not judged, since
+the probe's echoes then queue behind the job's own traffic. Step cues are matched against the
+step records (rank R's record of step N - 1 for ``kill:rank=R``, rank 0's for the others), time
+cues against the wall clock from the job's start.
 """
 
 from __future__ import annotations
@@ -70,9 +71,9 @@ class Cues:
         self._stack.__exit__(*exc)
 
     # --- the link --------------------------------------------------------------------------
-    def _set_link(self, ms: float, rate_mbit: float | None) -> str:
+    def _set_link(self, ms: float, rate_mbit: float | None, *, judge: bool = True) -> str:
         self._link.close()
-        kw = {"impair": self.plan.impair, "max_seconds": self.plan.lifetime_s}
+        kw = {"impair": self.plan.impair, "max_seconds": self.plan.lifetime_s, "judge": judge}
         where = f"at {ms:g} ms"
         report = self._link.enter_context(
             verified_link(self.cluster, where, ms, self.plan.shaper, rate_mbit, **kw)
@@ -125,8 +126,9 @@ class Cues:
         elif cue.kind == "link":
             assert cue.ms is not None
             self._quiet_until = time.time() + _LINK_SETTLE_S
-            self._log(f"{cue.describe()}: shaping and verifying the new link")
-            self._log(self._set_link(cue.ms, cue.rate_mbit or self.plan.rate_mbit))
+            self._log(f"{cue.describe()}: shaping the new link and probing it")
+            rate = cue.rate_mbit or self.plan.rate_mbit
+            self._log(self._set_link(cue.ms, rate, judge=False))
         else:
             self._node_fault(cue)
 
