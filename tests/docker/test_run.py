@@ -51,3 +51,19 @@ def test_a_killed_rank_is_named_in_the_diagnosis(client, tmp_path):
     assert re.match(r"diagnosis: ranks? (\d, )*2(, \d)* missing at allreduce seq \d+", last), last
     report = json.loads((run_dir / "report.json").read_text())
     assert report["faults"][0]["text"].startswith("SIGKILL rank 2 in step 10")
+
+
+@pytest.mark.timeout(300)
+def test_requirements_that_do_not_resolve_are_refused(client, tmp_path):
+    """pip on the host fails for the image's platform: one line, exit 2, no container."""
+    reqs = tmp_path / "requirements.txt"
+    reqs.write_text("./no-such-wheel-0.1-py3-none-any.whl\n")  # local: no index is asked
+    proc = lab(
+        "run", "--runs-dir", str(tmp_path), "--workdir", "examples", "--requirements", str(reqs),
+        "--", "python", "mlp.py", timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("python -m lab run: error: --requirements ")
+    assert "does not resolve for the image's Python" in last
+    assert not (tmp_path / "runs").exists()
