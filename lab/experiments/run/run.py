@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ddp.flight.dumps import load_dumps
 from ddp.instrument.env import instrument_environment, site_dir
+from ddp.torchfree import LogError, load_run
 from lab.engine.client import GONE, connect
 from lab.engine.cluster import Cluster
 from lab.engine.events import Event, ExitEvent, LineEvent, RecordEvent
@@ -284,4 +285,27 @@ def run(plan: RunPlan, echo: _Echo = print) -> RunResult:
             job.close()
     finally:
         result.seconds = time.monotonic() - started
+    _from_logs(result)
     return result
+
+
+def _from_logs(result: RunResult) -> None:
+    """The steps and digests from the collected rank logs, where they were written: the live
+    stream is shared by a node's workers, whose lines can interleave mid-line (a record then
+    lost to the live view), while each rank's file is its own."""
+    try:
+        logs = load_run(Path(result.run_dir) / JOB / "logs")
+    except (LogError, OSError):
+        return
+    steps, digests = [], {}
+    for rank, log in sorted(logs.items()):
+        for record in log.records:
+            seen = step_of(record, 0.0)
+            if seen is not None:
+                steps.append(seen)
+            digest = digest_of(record)
+            if digest is not None:
+                digests[rank] = digest
+    if steps:
+        result.steps = steps
+    result.digests.update(digests)
