@@ -20,7 +20,14 @@ _LAYOUT = ["--nodes", "2", "--ranks-per-node", "2", "--ms", "5", "--workdir", "e
 
 
 def _run(client, tmp_path, *flags: str):
-    proc = lab("run", "--runs-dir", str(tmp_path), "--no-progress", *_LAYOUT, *flags, timeout=840)
+    # The probe refuses a 5 ms link it measures off by over 20%, which a loaded host's
+    # userspace delayer can be: nothing ran then, so the run is made again (at most 3 times).
+    for _ in range(3):
+        proc = lab(
+            "run", "--runs-dir", str(tmp_path), "--no-progress", *_LAYOUT, *flags, timeout=840
+        )
+        if "error: link check failed" not in proc.stderr:
+            break
     out = proc.stdout
     run_id = re.search(r"^run (\S+):", out, re.M).group(1)
     assert leftovers(client, f"{LABEL}={run_id}") == []
