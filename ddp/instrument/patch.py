@@ -40,6 +40,17 @@ def _probe(module: Any) -> Probe | None:
     return module.__dict__.get(_ATTR)
 
 
+def _wanted() -> bool:
+    """Whether a new DDP should report: ``DDP_INSTRUMENT`` is still 1 (this project's own
+    training program, ``python -m ddp``, sets it to 0: it writes its own records to the same
+    ``rank<R>.jsonl`` names), and the records go somewhere (``DDP_LOG_DIR`` or
+    ``DDP_EMIT_RECORDS``)."""
+    from ddp.instrument.session import session
+
+    env = session().env
+    return env.enabled and bool(env.log_dir or env.emit_records)
+
+
 def _patch_forward(cls: type) -> None:
     original = cls.forward
 
@@ -59,7 +70,7 @@ def _patch_init(cls: type, attach: Any) -> None:
     @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        if _ATTR not in self.__dict__:  # a subclass's __init__ reaches here once
+        if _ATTR not in self.__dict__ and _wanted():  # a subclass's __init__ reaches here once
             attach(self)
 
     cls.__init__ = __init__
@@ -124,6 +135,7 @@ def patch_ours(cls: type) -> None:
     """Patch ``ddp.wrapper.DistributedDataParallel`` (idempotent)."""
     if cls.__dict__.get("_ddp_instrument_patched"):
         return
+
     def attach(self: Any) -> None:
         from ddp.instrument.session import session
         from ddp.instrument.tally import StepTally

@@ -204,7 +204,9 @@ _SESSION: Session | None = None
 
 
 def session() -> Session:
-    """The process's session, made on first use from the environment."""
+    """The process's session, made from the environment when the first DDP is built (until
+    then the environment may still change: ``python -m ddp`` switches the instrumentation
+    off for itself)."""
     global _SESSION
     if _SESSION is None:
         _SESSION = Session(InstrumentEnv.from_environ())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -16,6 +17,7 @@ import torch.distributed as dist
 
 from ddp.flight.diagnosis import PeerFailure, explain_failure
 from ddp.flight.recorder import FlightRecorder
+from ddp.instrument.env import ENV_INSTRUMENT
 from ddp.program.config import Rendezvous, TrainConfig
 from ddp.program.loop import train
 from ddp.program.records import FailureRecord, RecordLog
@@ -41,6 +43,9 @@ def run_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
     Raises ``PeerFailure`` (with the diagnosis as message) when a collective fails because
     another rank died, stalled or was cut off, or when a rank never joined (``NeverJoined``).
     """
+    # This program writes its own records to rank<R>.jsonl: the instrumentation of unchanged
+    # scripts (ddp.instrument), if it is on, must not write a second log beside them.
+    os.environ[ENV_INSTRUMENT] = "0"
     if cfg.recovery == "live":  # a quorum per step instead of one group (ddp.recovery)
         from ddp.recovery.drivers.rank import run_live_rank
 

@@ -73,3 +73,27 @@ def test_example_runs_instrumented_at_two_ranks(name: str, tmp_path: Path) -> No
         assert end.params_sha256.startswith(printed[str(rank)]), "the script's own digest"
     assert logs[0].script_end[0].params_sha256 == logs[1].script_end[0].params_sha256
     assert {d["reason"] for d in load_dumps(tmp_path).values()} == {"exit"}
+
+
+@pytest.mark.timeout(300)
+def test_our_own_program_is_left_to_its_own_records(tmp_path: Path) -> None:
+    """``python -m ddp`` writes its own rank logs: instrumenting it too would put a second
+    log beside each (``rank<R>.attempt1.jsonl``), which readers take for a restart."""
+    env = {
+        **os.environ,
+        **instrument_environment(str(tmp_path / "instrument"), pythonpath=str(ROOT)),
+        "OMP_NUM_THREADS": "1",
+    }
+    logs = tmp_path / "logs"
+    out = subprocess.run(
+        [sys.executable, "-m", "ddp", "--world-size", "2", "--steps", "2", "--log-dir", str(logs)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert sorted(p.name for p in logs.glob("rank*.jsonl")) == ["rank0.jsonl", "rank1.jsonl"]
+    assert not any(log.script_steps or log.script_end for log in load_run(logs).values())
+    assert not (tmp_path / "instrument").exists()

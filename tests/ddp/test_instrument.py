@@ -237,3 +237,14 @@ def test_flight_recorder_dumps_on_demand_while_blocked(tmp_path) -> None:
     dumps = load_dumps(log_dir)
     assert {d["reason"] for d in dumps.values()} == {"exit"}
     assert diagnose(dumps, 2).stuck_seq is None
+
+
+@pytest.mark.timeout(300)
+def test_bench_measures_every_variant() -> None:
+    from ddp.instrument.bench import VARIANTS, BenchConfig, run
+
+    out = run(BenchConfig(rounds=2, steps=1, warmup=0, width=16, depth=2, batch=4))
+    for clock in ("wall", "cpu"):
+        assert set(out[clock]) == set(VARIANTS)
+        assert out[clock]["plain"]["overhead"] == 0
+        assert all(out[clock][v]["ms"] > 0 for v in VARIANTS)

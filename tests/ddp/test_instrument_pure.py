@@ -112,3 +112,11 @@ def test_activation_imports_no_torch_until_a_ddp_is_built() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True"], out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("field", ["ranks", "rounds", "steps", "width", "depth", "batch"])
+def test_bench_refuses_nothing_to_measure(field: str) -> None:
+    from ddp.instrument.bench import BenchConfig
+
+    with pytest.raises(ValueError, match=f"--{field} must be >= 1"):
+        BenchConfig(**{field: 0})
