@@ -83,6 +83,7 @@ class Cluster:
         cpus: Mapping[int, float] | None = None,
         echo: Callable[[str], None] = print,
         hosts: HostSet | None = None,
+        ptrace: bool = False,
     ) -> None:
         self.client, self.layout, self.image = client, layout, image
         # The hosts of the run (--hosts, default the local engine alone): see lab.engine.engines.
@@ -90,6 +91,7 @@ class Cluster:
         self.run_id = run_id or new_run_id()
         self.run_dir = run_dir
         self.lifetime_s, self.net_admin, self.cpus = lifetime_s, net_admin, dict(cpus or {})
+        self.ptrace = ptrace
         self.echo = echo
         self.nodes: list[NodeHandle] = []
         self.jobs: list[Job] = []
@@ -107,6 +109,7 @@ class Cluster:
                     lifetime_s=self.lifetime_s,
                     net_admin=self.net_admin,
                     cpus=self.cpus.get(i),
+                    ptrace=self.ptrace,
                 )
                 container = self.engines.client(i).containers.create(**spec)
                 host = self.engines.host(i).name

@@ -21,6 +21,7 @@ from lab.engine.client import LabError
 
 __all__ = [
     "EXTRAS_LABEL",
+    "IMAGE_TOOLS",
     "REPO_ROOT",
     "TORCH_CPU_INDEX",
     "BasePlatform",
@@ -37,6 +38,9 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 # The image label naming the optional extras installed at build time ("torchft"), so a run
 # that needs one can refuse an image without it before starting any container.
 EXTRAS_LABEL = "lab.extras"
+# Installed into every image beside the project, not dependencies of it: ``lab run`` reads a
+# stuck rank's Python stack with py-spy (its wheel ships the binary), from outside the process.
+IMAGE_TOOLS = ("py-spy",)
 _PROBE = (
     "import json, platform, sys; "
     "print(json.dumps({'python': '%d.%d' % sys.version_info[:2], "
@@ -112,6 +116,7 @@ def requirements(root: Path = REPO_ROOT, extras: tuple[str, ...] = ()) -> list[s
         *extra_reqs,
         *data["build-system"]["requires"],
         "wheel",
+        *IMAGE_TOOLS,
     ]
 
 

@@ -87,13 +87,15 @@ def container_spec(
     lifetime_s: float = 3600.0,
     net_admin: bool = False,
     cpus: float | None = None,
+    ptrace: bool = False,
 ) -> dict:
     """kwargs for ``client.containers.create`` for one node.
 
     The main process is a bounded ``sleep``: jobs are exec'd into the node, so a cluster can
     run several jobs in turn, and a lab that died leaves nothing running past ``lifetime_s``.
     ``net_admin`` grants CAP_NET_ADMIN, which only link shaping and partitions need; ``cpus``
-    caps the container's CPU share (e.g. a straggler).
+    caps the container's CPU share (e.g. a straggler); ``ptrace`` grants CAP_SYS_PTRACE, which
+    reading a stuck rank's Python stack from outside (py-spy, ``lab run``) needs.
     """
     spec = {
         "image": image,
@@ -113,8 +115,9 @@ def container_spec(
         # sleep as PID 1 ignores SIGTERM: stop at once instead of after docker's 10 s.
         "stop_signal": "SIGKILL",
     }
-    if net_admin:
-        spec["cap_add"] = ["NET_ADMIN"]
+    caps = [cap for cap, wanted in (("NET_ADMIN", net_admin), ("SYS_PTRACE", ptrace)) if wanted]
+    if caps:
+        spec["cap_add"] = caps
     if cpus is not None:
         spec["nano_cpus"] = int(cpus * 1e9)
     return spec

@@ -237,9 +237,12 @@ def _accept(program: str, argv: list[str]) -> None:
 
 
 def _no_abbreviations(parser: argparse.ArgumentParser, argv: list[str]) -> None:
-    """argparse accepts any unambiguous prefix of a flag; the docs spell flags out in full."""
+    """argparse accepts any unambiguous prefix of a flag; the docs spell flags out in full.
+    Past ``--`` the words are a command's own (``lab run -- python train.py --steps 3``)."""
     known = set(parser._option_string_actions)
     for token in argv:
+        if token == "--":
+            break
         flag = token.split("=", 1)[0]
         if flag.startswith("--") and flag != "--" and flag not in known:
             parser.error(f"{flag} is not spelled as the parser spells it (an abbreviation?)")
