@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ddp.torchfree import RankLog
 from lab.args import check_finite
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "StepPoint",
     "link_text",
     "recovery",
+    "step_points",
 ]
 
 RECOVER_WITHIN = 0.10  # a step within 10% of the settled level counts as recovered
@@ -121,6 +123,23 @@ class Recovery:
     before_ms: float
     after_ms: float
     steps_to_recover: int | None
+
+
+def step_points(logs: Mapping[int, RankLog]) -> list[StepPoint]:
+    """Every step all ranks logged, in order: its first start and its slowest rank's time."""
+    by_step: dict[int, list] = {}
+    for log in logs.values():
+        for r in log.steps:
+            by_step.setdefault(r.step, []).append(r)
+    return [
+        StepPoint(
+            s,
+            min(math.inf if r.t0 is None else r.t0 for r in recs),
+            max(r.step_ms for r in recs),
+        )
+        for s, recs in sorted(by_step.items())
+        if len(recs) == len(logs)
+    ]
 
 
 def recovery(

@@ -92,7 +92,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="also cap each node's link at R Mbit/s (default: no cap)",
     )
     common.add_shaper(link)
-    common.add_link_change(link)
     layout = p.add_argument_group("the layouts and the measurement")
     layout.add_argument(
         "--layouts",
@@ -136,6 +135,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a lesson variant: per-tensor runs every row at --bucket-cap-mb 0, one "
         "allreduce per tensor (default: none, torch's defaults)",
     )
+    common.add_link_change(p, "every node's link (the limit's stays bare)")
     common.add_job_flags(p, _TRAIN_FIELDS, TRAIN_DEFAULTS, "one job")
 
 

@@ -24,6 +24,7 @@ from lab.experiments.link_change import (
     Recovery,
     StepPoint,
     recovery,
+    step_points,
 )
 from lab.experiments.topology.plan import BASELINE, LIMIT, Configuration
 from lab.experiments.topology.result import ConfigRun, TopologyResult
@@ -40,7 +41,6 @@ __all__ = [
     "derive_rows",
     "job",
     "make_row",
-    "step_points",
 ]
 
 Logs = Mapping[int, RankLog]
@@ -107,23 +107,6 @@ def _measured_span(logs: Logs, warmup: int, where: str) -> tuple[float, float, i
     start = min(r.t0 for r in recs if r.step == steps[0])
     end = max(r.t0 + r.step_ms / 1e3 for r in recs if r.step == steps[-1])
     return start, end, len(steps)
-
-
-def step_points(logs: Logs) -> list[StepPoint]:
-    """Every step all ranks logged: its first start and its slowest rank's time."""
-    by_step: dict[int, list] = {}
-    for log in logs.values():
-        for r in log.steps:
-            by_step.setdefault(r.step, []).append(r)
-    return [
-        StepPoint(
-            s,
-            min(r.t0 if r.t0 is not None else math.inf for r in recs),
-            max(r.step_ms for r in recs),
-        )
-        for s, recs in sorted(by_step.items())
-        if len(recs) == len(logs)
-    ]
 
 
 def _plans(log: RankLog) -> tuple[dict, ...]:
