@@ -4,7 +4,8 @@ Every rank writes ``<log_dir>/rank<R>.jsonl``, one JSON object per line with an 
 ``config`` (set up, about to train), ``step`` (one optimizer step: loss, checksum, times and the
 bucket timeline), ``plan`` (``--comm auto`` chose or checked its cap and algorithm),
 ``verdict`` (rank 0: does parity hold), ``failure`` (a peer died or stalled: the diagnosis)
-and ``end`` (the final parameters' digest). With ``emit_records`` the same records also go to stdout as ``@ddp {json}`` lines, so a program that follows the run (the lab) learns
+and ``end`` (the final parameters' digest). With ``emit_records`` the same records also go
+to stdout as ``@ddp {json}`` lines, so a program that follows the run (the lab) learns
 progress and verdicts from data, never from the human-readable table, which may change freely.
 
 One rule for a torn last line, in every reader: a run still being written, or a rank killed
