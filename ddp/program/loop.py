@@ -27,7 +27,14 @@ from ddp.program.config import TrainConfig
 from ddp.program.data import ShardSampler, make_dataset
 from ddp.program.models import build_model, simulate_backward_compute
 from ddp.program.parity import HEADER, ParityReport, StepRow, compression_of
-from ddp.program.records import ConfigRecord, EndRecord, RecordLog, StepRecord, VerdictRecord
+from ddp.program.records import (
+    ConfigRecord,
+    EndRecord,
+    PlanRecord,
+    RecordLog,
+    StepRecord,
+    VerdictRecord,
+)
 from ddp.program.reference import Reference, checksum, max_param_diff, params_sha256, sgd
 from ddp.program.resume import agreed_start, restore, save
 from ddp.program.wrap import bucket_count, start_line, wrap
@@ -154,6 +161,8 @@ def _communication(run: _Run, step: int, t0: float, t_bw: float) -> tuple[float,
             "buckets_ms": [[(a - t0) * 1e3, (b - t0) * 1e3] for a, b in tl["buckets"]],
             "num_buckets": run.ddp.num_buckets,
         }
+        if run.ddp.auto_comm is not None:
+            _report_plans(run)
         if run.ddp.auto_cap is not None and not run.auto_cap_reported:
             run.auto_cap_reported = True
             timeline["auto_cap"] = run.ddp.auto_cap.summary()
@@ -244,6 +253,22 @@ def _verify(run: _Run) -> bool:
         dist.barrier()
     run.jlog.write(EndRecord(rank, bool(holds.item()), params_sha256(run.module)))
     return bool(holds.item())
+
+
+def _report_plans(run: _Run) -> None:
+    """``--comm auto``'s decisions since the last step: one record each, and a line."""
+    assert run.ddp is not None and run.ddp.auto_comm is not None
+    for rec in run.ddp.auto_comm.take_records():
+        run.jlog.write(PlanRecord(run.rank, **rec))
+        was = rec.get("previous_measured_ms")
+        if rec["changed"]:
+            text = f"comm auto, from step {rec['step']}: {rec['cap_mb']} MB {rec['algorithm']}, "
+            text += f"predicted {rec['predicted_ms']} ms"
+            text += f" (the plan before measured {was} ms)" if was is not None else ""
+        else:
+            text = f"comm auto, step {rec['step']}: kept {rec['cap_mb']} MB {rec['algorithm']}, "
+            text += f"predicted {rec['predicted_ms']} ms, measured {rec['measured_ms']} ms"
+        log.info(f"{text}; {rec['reason']}")
 
 
 def _auto_cap_line(chosen: dict[str, object], buckets: int) -> str:

@@ -36,9 +36,11 @@ def wrap(
             module, bucket_cap_mb=cfg.bucket_cap_mb, find_unused_parameters=find_unused
         )
     else:
+        auto = cfg.comm == "auto"
         model = DistributedDataParallel(
             module,
-            bucket_cap_mb=cfg.bucket_cap_mb,
+            bucket_cap_mb=None if auto else cfg.bucket_cap_mb,
+            comm=cfg.comm,
             overlap=cfg.overlap,
             find_unused_parameters=find_unused,
             flight_recorder=recorder,
@@ -79,6 +81,10 @@ def start_line(cfg: TrainConfig, world: int, model: nn.Module, hook_state: objec
     cap = (
         "auto: chosen at the rebuild" if cfg.bucket_cap_mb == "auto" else f"{cfg.bucket_cap_mb} MB"
     )
+    if cfg.comm == "auto" and isinstance(model, DistributedDataParallel) and model.auto_comm:
+        topo = model.auto_comm.topology
+        cap = "and algorithm: --comm auto, chosen at the rebuild"
+        hook = f", {topo.describe()}"
     return (
         f"{world} ranks, model {cfg.model}, {wrapper} (cap {cap}), "
         f"overlap {'on' if cfg.overlap else 'off'}, {batch}{hook}"

@@ -660,6 +660,14 @@ class Reducer:
             return list(self._rebuild.order)
         return self._rebuild.recorded_order() if self.rebuild_due() else None
 
+    def replan(self, caps: tuple[int, int]) -> None:
+        """Lay the buckets out anew with ``caps``, in the order the rebuild took (not torch's:
+        ``comm='auto'`` re-plans when it learns more or the link changes). Between iterations,
+        on every rank with the same caps; no collective (the order is already shared)."""
+        assert self._rebuild.done and not self._expect_backward, "after the rebuild, between steps"
+        self._rebuild.caps = caps
+        self._adopt_plan(self._rebuild.plan(self._params, self._rebuild.order))
+
     def restore_bucket_order(self, order: Sequence[int]) -> None:
         """Rebuild in a checkpoint's ``bucket_order`` now (before the first forward), as the
         run that wrote it had. A collective, like the rebuild: rank 0's order wins."""
