@@ -23,7 +23,7 @@ from lab.experiments.topology.plan import (
 )
 from tests.helpers import cli_error
 
-_NAMES = [c.name for c in CONFIGURATIONS]  # "auto" where this ddp has comm auto
+_NAMES = [c.name for c in CONFIGURATIONS]
 
 
 def _plan(argv: list[str]) -> TopologyPlan:
@@ -65,9 +65,10 @@ def test_the_limit_first_then_torch_ddp_at_its_defaults_every_round():
     assert by["flat"] == TRAIN_DEFAULTS  # ours, the same cap as torch's
     assert by["hierarchical"].comm_hook == "hierarchical"
     assert by["hierarchical-fp16"].comm_hook == "hierarchical-fp16"
-    if "auto" in by:  # comm auto chooses cap and algorithm together
-        assert by["auto"].comm == "auto" and by["auto"].wrapper == "ours"
+    # comm auto chooses cap and algorithm together
+    assert by["auto"].comm == "auto" and by["auto"].wrapper == "ours"
     assert {by[n].bucket_cap_mb for n in by} == {25.0}
+    assert _NAMES == ["torch", "flat", "hierarchical", "hierarchical-fp16", "auto"]
     for train in by.values():  # only the configuration's fields differ
         assert (train.model, train.seed, train.steps, train.batch_size) == (
             TRAIN_DEFAULTS.model,
@@ -82,6 +83,8 @@ def test_the_per_tensor_lesson_runs_every_row_at_cap_0():
     assert p.train.bucket_cap_mb == 0.0 and p.lesson == "per-tensor"
     assert "lesson per-tensor: cap 0 MB" in p.describe()
     assert {j.train.bucket_cap_mb for j in p.jobs() if j.conf.name != "auto"} == {0.0}
+    auto = next(j.train for j in p.jobs() if j.conf.name == "auto")
+    assert (auto.comm, auto.bucket_cap_mb) == ("auto", 25.0)  # it owns its cap
     assert _plan(["--bucket-cap-mb", "0.5"]).train.bucket_cap_mb == 0.5
 
 
