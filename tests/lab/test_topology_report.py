@@ -6,6 +6,7 @@ the steps to recover after a link change, and every file (table, CSV, JSON, PNG,
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -282,3 +283,26 @@ def test_auto_cap_line_compares_with_the_fastest_fixed_cap_and_its_spread():
     assert line.startswith("auto cap (2x2): chose 0.5 MB, 0.5 MB; median step 84.0 ms, 1.05x")
     assert "of 2 (ours cap0.5: 80.0 ms, its rounds 76/84 ms: spread 10%)" in line
     assert text.auto_cap_line(rows[:3]) == ""  # no --caps: nothing to judge it against
+
+
+def test_comm_auto_plans_are_read_from_rank_0s_plan_records(tmp_path):
+    from ddp.program.records import PlanRecord
+
+    result = _result(tmp_path)
+    run = next(r for r in result.runs if r.conf == "auto")
+    logs = result.log_dir(run)
+    rank0 = (logs / "rank0.jsonl").read_text()
+    plans = [
+        PlanRecord(0, 2, 25.0, "flat", 79.2, None, "first plan: measured the links; more"),
+        PlanRecord(0, 14, 5.0, "direct", 40.0, 120.0, "re-planned: steps 50% slower"),
+    ]
+    lines = rank0.splitlines()
+    lines[1:1] = [json.dumps({"event": "plan", **dataclasses.asdict(p)}) for p in plans]
+    (logs / "rank0.jsonl").write_text("\n".join(lines) + "\n")
+    tables, _ = analysis.combine_rounds(result)
+    assert [p["step"] for p in tables[0].row("auto").plans] == [2, 14]
+    assert text.plans_line(tables[0]) == (
+        "comm auto's plans (2x2, rank 0, last round): step 2: 25 MB flat, predicted 79.2 ms "
+        "(first plan: measured the links); step 14: 5 MB direct, predicted 40.0 ms, measured "
+        "120.0 ms (re-planned: steps 50% slower)"
+    )

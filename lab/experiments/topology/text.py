@@ -100,12 +100,14 @@ def _plan_text(p: dict) -> str:
     figures = f"predicted {_num(predicted, '.1f')} ms"
     if measured is not None:
         figures += f", measured {_num(measured, '.1f')} ms"
-    reason = f" ({p['reason']})" if p.get("reason") else ""
+    # the reason's first clause here; all of it in topology.json
+    reason = f" ({str(p['reason']).split('; ')[0]})" if p.get("reason") else ""
     return f"step {p.get('step')}: {cap_text} {p.get('algorithm')}, {figures}{reason}"
 
 
 def plans_line(table: LayoutRows) -> str:
-    """comm auto's plans, as rank 0 recorded them in the last round ('' when none)."""
+    """comm auto's plans, as rank 0 recorded them in the last round, each reason's first
+    clause ('' when none)."""
     auto = table.row("auto")
     if auto is None or not auto.plans:
         return ""
