@@ -166,7 +166,7 @@ def shaped(
         except LinkMismatch as e:
             if strict:
                 raise
-            report.mismatch = str(e)
+            report.mismatch = str(e).removeprefix(f"{report.line()}: ")
         yield report
 
 

@@ -74,6 +74,7 @@ def _run_job(
         if report is not None:
             what = f"after the change, idle (after {p.job})"
             result.links.append(LinkInfo.from_report(report, p.layout.name, what))
+            echo(f"  the changed link, idle after the job: {report.line()}")
     parity = holds(job) and all(code == 0 for code in job.codes.values())
     return ConfigRun(
         p.conf.name,
