@@ -22,6 +22,11 @@ same collectives at the same step:
    baseline. At later checks a window that moved away from the baseline (``replan``) makes
    every rank re-measure and re-plan.
 
+Under torch's DDP (``plan_once``), whose buckets cannot be laid out anew, only the hook part
+applies: before training, every rank probes, and rank 0 chooses the algorithm for torch's
+own cap (25 MB) with every gradient taken as ready at once (torch's stamps are not ours to
+read); that plan stays.
+
 Every plan is kept (``records``, for the training program's logs, and the ``comm_plan`` entry
 of ``_get_ddp_logging_data()``): the step it starts at, cap, algorithm, predicted and measured
 end of communication (ms after backward began) and why.
@@ -196,6 +201,24 @@ class AutoComm:
         self._baseline = window
         return {"action": "keep", "baseline": window, "record": record}
 
+    def plan_once(self, params: Any, cap_mb: float) -> None:
+        """Torch's DDP: choose the algorithm for buckets of ``cap_mb`` now, once (see the
+        module docstring). A collective: every rank, before training."""
+        sizes = [p.numel() * p.element_size() for p in params if p.requires_grad]
+        ready = [(0.0, n) for n in reversed(sizes)]
+        links = _probe(self.state, sum(sizes))
+        decided = None
+        if self.rank == 0:
+            model = self._fit(links)
+            plan = choose_plan(ready, model, caps=(cap_mb,), algorithms=self._algorithms())
+            why = f"torch's DDP: the algorithm for its own {cap_mb} MB cap, planned once"
+            decided = _plan_to_json(plan, why, model)
+        plan = _plan_from_json(broadcast_json(decided, src=0))
+        self.state.algorithm = plan.algorithm
+        self._plan = plan
+        self.records.append(_record(1, plan, plan.predicted_s, None, None, plan.reason, True))
+        self._unread += 1
+
     def _algorithms(self) -> tuple[str, ...]:
         return _ALL if self.state.hierarchical is not None else ("flat",)
 
@@ -252,6 +275,7 @@ class AutoComm:
     def _record(self, rec: dict[str, Any], logging: Any) -> None:
         self.records.append(rec)
         self._unread += 1
+        # torch's key names hold strings or ints: the plan travels as JSON, as auto_bucket_cap
         logging.data["comm_plan"] = json.dumps({**rec, "plans": len(self.records)})
 
     def take_records(self) -> list[dict[str, Any]]:

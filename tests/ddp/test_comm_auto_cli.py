@@ -1,5 +1,6 @@
 """``python -m ddp --comm auto``: 4 local ranks declared on 2 nodes train with parity and
-write the same ``plan`` records on every rank; bad combinations exit 2 with one line."""
+write the same ``plan`` records on every rank, under our wrapper and (the algorithm only)
+under torch's; bad combinations exit 2 with one line."""
 
 from __future__ import annotations
 
@@ -31,12 +32,26 @@ def test_comm_auto_on_two_declared_nodes_holds_parity_and_records_its_plans(tmp_
     assert first.algorithm in ("flat", "ring", "direct", "recursive-doubling")
 
 
+@pytest.mark.timeout(300)
+def test_comm_auto_under_torchs_ddp_plans_the_algorithm_once(tmp_path):
+    r = run_ddp(
+        "--world-size", "4", "--nodes", "2", "--model", "deep", "--steps", "3",
+        "--wrapper", "torch", "--comm", "auto", "--log-dir", str(tmp_path),
+        timeout=240,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "parity holds" in r.stdout + r.stderr
+    plans = [log.plans for log in load_run(tmp_path).values()]
+    assert all(len(p) == 1 and p[0].cap_mb == 25.0 for p in plans)
+    assert len({p[0].algorithm for p in plans}) == 1
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--comm", "auto", "--comm-hook", "fp16"], "drop --comm-hook fp16"),
         (["--comm", "auto", "--bucket-cap-mb", "5"], "drop --bucket-cap-mb 5.0"),
-        (["--comm", "auto", "--wrapper", "torch"], "use --wrapper ours"),
+        (["--comm", "auto", "--model", "branchy"], "find_unused_parameters"),
         (["--comm", "sometimes"], "--comm"),
     ],
 )

@@ -143,7 +143,6 @@ def test_detector_sees_the_link_speed_up_and_ignores_one_slow_step():
         ({"comm": "auto", "comm_hook": "fp16"}, "drop --comm-hook fp16"),
         ({"comm": "auto", "bucket_cap_mb": 1.0}, "drop --bucket-cap-mb 1.0"),
         ({"comm": "auto", "bucket_cap_mb": "auto"}, "drop --bucket-cap-mb auto"),
-        ({"comm": "auto", "wrapper": "torch"}, "use --wrapper ours"),
         ({"comm": "auto", "model": "branchy"}, "find_unused_parameters"),
         ({"comm": "auto", "sync": "none"}, "drop --sync none"),
     ],
