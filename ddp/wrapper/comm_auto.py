@@ -56,6 +56,7 @@ __all__ = ["CHECK_EVERY", "AutoComm", "AutoCommState", "auto_comm_hook"]
 CHECK_EVERY = 4  # backwards between two checks of the plan in force
 SWITCH_GAIN = 0.95  # a re-choice replaces the plan in force if predicted this much faster
 MAX_SWITCHES = 3  # calibration switches per measurement of the link (no endless flip-flop)
+_KEEP = 64  # measurements kept (a window never needs more than CHECK_EVERY)
 
 
 class AutoCommState:
@@ -103,6 +104,7 @@ class AutoComm:
         self._baseline: list[float] = []
         self._settled = False
         self._switches = 0
+        self._step = 0
 
     # ---- the schedule, the same on every rank ------------------------------------------------
 
@@ -110,10 +112,13 @@ class AutoComm:
         """Before each synchronised forward (or a joined rank's shadow of one), on every rank.
         Returns the new bucket cap (MB) when the buckets must be laid out anew, else None."""
         count = reducer._rebuild.synced_backwards
+        # the step the coming forward belongs to: the training loop's label, else the count
+        self._step = reducer.step if reducer.step >= 0 else count + 1
         if count > self._seen:
             self._seen = count
             stamps = reducer.last_stamps
             self._series.append(stamps["backward_comm_end"] - stamps["backward_compute_start"])
+            del self._series[:-_KEEP]
         if reducer.rebuild_due():
             return self._first_plan(reducer, logging, count)
         if self._plan is None or count <= self._since or (count - self._since) % CHECK_EVERY:
@@ -193,7 +198,7 @@ class AutoComm:
             }
         self._model = model
         record = _record(
-            reducer.step, plan, current, measured, model,
+            self._step, plan, current, measured, model,
             f"kept: {call_ms:.2f} ms per call learned from {len(window)} steps; no plan "
             f"predicted {100 - SWITCH_GAIN * 100:.0f}% faster",
             changed=False,
@@ -267,7 +272,7 @@ class AutoComm:
         if previous is not None and self.rank == 0:  # what the plan it replaces measured
             window = self._series[-(CHECK_EVERY - 1) :]
             measured = statistics.median(window) if window else None
-        rec = _record(reducer.step, plan, plan.predicted_s, None, None, plan.reason, True)
+        rec = _record(self._step, plan, plan.predicted_s, None, None, plan.reason, True)
         rec["previous_measured_ms"] = _ms(measured)
         self._record(rec, logging)
         return plan.cap_mb
