@@ -127,7 +127,7 @@ class AutoComm:
 
     def _first_plan(self, reducer: Any, logging: Any, count: int) -> float:
         plan = self._probe_and_choose(reducer, "first plan: measured the links")
-        return self._adopt(plan, reducer, logging, count)
+        return self._adopt(plan, None, reducer, logging, count)
 
     def _check(self, reducer: Any, logging: Any, count: int) -> Optional[float]:  # noqa: UP045
         decision = None
@@ -148,7 +148,7 @@ class AutoComm:
             plan = _plan_from_json(decision["plan"])
             self._call_s = {k: float(v) for k, v in decision["call_s"].items()}
             self._switches += 1
-        return self._adopt(plan, reducer, logging, count)
+        return self._adopt(plan, decision.get("measured_s"), reducer, logging, count)
 
     # ---- rank 0's decisions --------------------------------------------------------------------
 
@@ -170,15 +170,17 @@ class AutoComm:
                     f"the link changed: communication ended {now * 1e3:.1f} ms after backward "
                     f"began, {was * 1e3:.1f} ms when the plan settled; measuring again"
                 )
-                return {"action": "probe", "reason": reason}
+                return {"action": "probe", "reason": reason, "measured_s": measured}
             return {"action": "keep", "baseline": self._baseline}
         # The plan's first check: learn what one call costs under it, then choose again.
         ready = reducer.ready_profile() or [(0.0, 4)]
-        if window:
-            per_step = [learn_call_s(ready, model, plan.cap_mb, plan.algorithm, t) for t in window]
-            self._call_s[plan.algorithm] = statistics.median(per_step)
+        per_step = [learn_call_s(ready, model, plan.cap_mb, plan.algorithm, t) for t in window]
+        learnt = [t for t in per_step if t is not None]
+        if learnt:
+            self._call_s[plan.algorithm] = statistics.median(learnt)
         learned = dict(self._call_s)
-        calls = _calls(learned, 0.0)
+        # nothing learned yet (one bucket so far): the probe's prices stay
+        calls = _calls(learned, 0.0) if learned else dict(model.call_s)
         model = _with_calls(model, calls)
         current = predict_plan(ready, model, plan.cap_mb, plan.algorithm)
         best = choose_plan(ready, model, algorithms=self._algorithms())
@@ -186,7 +188,7 @@ class AutoComm:
         if best.predicted_s < current * SWITCH_GAIN and self._switches < MAX_SWITCHES:
             reason = (
                 f"a call costs {call_ms:.2f} ms under {plan.algorithm} (learned from "
-                f"{len(window)} steps, measured {_ms(measured)} ms against "
+                f"{len(learnt)} steps, measured {_ms(measured)} ms against "
                 f"{plan.predicted_s * 1e3:.1f} predicted): {best.cap_mb} MB {best.algorithm} "
                 f"predicted {best.predicted_s * 1e3:.1f} ms, the plan in force {current * 1e3:.1f}"
             )
@@ -195,12 +197,14 @@ class AutoComm:
                 "action": "plan",
                 "plan": _plan_to_json(best, reason, model),
                 "call_s": learned,
+                "measured_s": measured,
             }
         self._model = model
         record = _record(
             self._step, plan, current, measured, model,
-            f"kept: {call_ms:.2f} ms per call learned from {len(window)} steps; no plan "
-            f"predicted {100 - SWITCH_GAIN * 100:.0f}% faster",
+            f"kept: {call_ms:.2f} ms per call "
+            + (f"learned from {len(learnt)} steps" if learnt else "(one bucket: not learned)")
+            + f"; no plan predicted {100 - SWITCH_GAIN * 100:.0f}% faster",
             changed=False,
         )  # fmt: skip
         self._baseline = window
@@ -261,19 +265,21 @@ class AutoComm:
         calls = _calls(self._call_s, cpu)
         return CommModel(topo.world_size, m, k, cross, local, flat, calls)
 
-    def _adopt(self, plan: Plan, reducer: Any, logging: Any, count: int) -> float:
+    def _adopt(
+        self,
+        plan: Plan,
+        previous_measured_s: Optional[float],  # noqa: UP045 (rank 0's, broadcast)
+        reducer: Any,
+        logging: Any,
+        count: int,
+    ) -> float:
         self.state.algorithm = plan.algorithm
-        previous = self._plan
         self._plan = plan
         self._since = count
         self._settled = False
         self._baseline = []
-        measured = None
-        if previous is not None and self.rank == 0:  # what the plan it replaces measured
-            window = self._series[-(CHECK_EVERY - 1) :]
-            measured = statistics.median(window) if window else None
         rec = _record(self._step, plan, plan.predicted_s, None, None, plan.reason, True)
-        rec["previous_measured_ms"] = _ms(measured)
+        rec["previous_measured_ms"] = _ms(previous_measured_s)
         self._record(rec, logging)
         return plan.cap_mb
 

@@ -168,12 +168,13 @@ def learn_call_s(
     cap_mb: float,
     algorithm: str,
     measured_s: float,
-) -> float:
+) -> float | None:
     """The cost of one call that explains a measured end of communication (seconds after
     backward began, the reducer's own stamps) under the plan that ran: what the measurement
-    exceeds the link's prediction by, spread over the buckets (never negative)."""
+    exceeds the link's prediction by, spread over the buckets (never negative). None with
+    fewer than two buckets: one call cannot tell its own cost from the link fit's error."""
     buckets = len(_buckets(sorted(ready), cap_mb * _MB))
-    if not buckets:
-        return 0.0
+    if buckets < 2:
+        return None
     base = predict_plan(ready, model, cap_mb, algorithm, with_calls=False)
     return max(0.0, (measured_s - base) / buckets)
