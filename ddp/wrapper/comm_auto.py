@@ -17,9 +17,9 @@ same collectives at the same step:
 2. Every ``CHECK_EVERY`` backwards after a plan: rank 0 decides from its own steps (the
    reducer's stamps: when backward began and when the last bucket was done) and broadcasts.
    At the first check of a plan it learns what a call really costs under it (``learn_call_s``:
-   a bare probe prices a call at a third of what it costs in a step), re-chooses with that,
-   and switches if the new choice is predicted 5% faster; the plan's times become the
-   baseline. At later checks a window that moved away from the baseline (``replan``) makes
+   a bare probe prices a call at a third of what it costs in a step; a plan of one bucket
+   teaches nothing), re-chooses with that, and switches if it learned something and the new
+   choice is predicted 5% faster; the plan's times become the baseline. At later checks a window that moved away from the baseline (``replan``) makes
    every rank re-measure and re-plan.
 
 Under torch's DDP (``plan_once``), whose buckets cannot be laid out anew, only the hook part
@@ -185,7 +185,10 @@ class AutoComm:
         current = predict_plan(ready, model, plan.cap_mb, plan.algorithm)
         best = choose_plan(ready, model, algorithms=self._algorithms())
         call_ms = calls[plan.algorithm] * 1e3
-        if best.predicted_s < current * SWITCH_GAIN and self._switches < MAX_SWITCHES:
+        # only what was learned may move the plan: without it, a new prediction differs from
+        # the old by the last backward's ready times alone, which is noise
+        better = best.predicted_s < current * SWITCH_GAIN
+        if learnt and better and self._switches < MAX_SWITCHES:
             reason = (
                 f"a call costs {call_ms:.2f} ms under {plan.algorithm} (learned from "
                 f"{len(learnt)} steps, measured {_ms(measured)} ms against "
