@@ -19,8 +19,9 @@ same collectives at the same step:
    At the first check of a plan it learns what a call really costs under it (``learn_call_s``:
    a bare probe prices a call at a third of what it costs in a step; a plan of one bucket
    teaches nothing), re-chooses with that, and switches if it learned something and the new
-   choice is predicted 5% faster; the plan's times become the baseline. At later checks a window that moved away from the baseline (``replan``) makes
-   every rank re-measure and re-plan.
+   choice is predicted 5% faster; the plan's times become the baseline. At later checks a
+   window that moved away from the baseline (``replan``) makes every rank re-measure and
+   re-plan.
 
 Under torch's DDP (``plan_once``), whose buckets cannot be laid out anew, only the hook part
 applies: before training, every rank probes, and rank 0 chooses the algorithm for torch's

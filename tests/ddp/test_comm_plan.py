@@ -95,7 +95,8 @@ def test_learned_call_cost_explains_the_measured_end():
     learned = learn_call_s(READY, model, 1.0, "direct", base + 0.010)
     buckets = 10  # 20 gradients of 0.5 MB, closed at 1 MB
     assert learned == pytest.approx(0.010 / buckets)
-    assert learn_call_s(READY, model, 1.0, "direct", base - 0.001) == 0.0
+    # faster than the link's prediction: the fit is off, and says nothing about calls
+    assert learn_call_s(READY, model, 1.0, "direct", base - 0.001) is None
     # one bucket: its excess may be the link fit's error as well as the call's
     assert learn_call_s(READY, model, 25.0, "direct", base + 0.010) is None
     with_calls = _model(2, 2, model.cross, call_s=learned)
