@@ -21,9 +21,9 @@ Buckets fill in gradient-ready order (``auto_cap``'s rule) and two are in flight
 two workers; the hierarchical hook's one-bucket lag): their latencies overlap, their wire bytes
 take turns. Each bucket also costs the rank a fixed time per call (``call_s``, per algorithm),
 which a bare probe underestimates, so it is learned from the reducer's own per-step times
-(:func:`learn_call_s`) where they can tell it. The (cap, algorithm) with the earliest predicted end of communication
-wins; within 1% of the best, the larger cap, then the earlier algorithm in ``ALGORITHMS``.
-Pure and deterministic: rank 0 evaluates it on its measurements and broadcasts the choice.
+(:func:`learn_call_s`) where they can tell it. The (cap, algorithm) with the earliest predicted
+end of communication wins; within 1% of the best, the larger cap, then the earlier algorithm
+in ``ALGORITHMS``. Pure and deterministic: rank 0 evaluates it on its measurements and broadcasts the choice.
 """
 
 from __future__ import annotations
