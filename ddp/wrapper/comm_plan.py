@@ -23,7 +23,8 @@ take turns. Each bucket also costs the rank a fixed time per call (``call_s``, p
 which a bare probe underestimates, so it is learned from the reducer's own per-step times
 (:func:`learn_call_s`) where they can tell it. The (cap, algorithm) with the earliest predicted
 end of communication wins; within 1% of the best, the larger cap, then the earlier algorithm
-in ``ALGORITHMS``. Pure and deterministic: rank 0 evaluates it on its measurements and broadcasts the choice.
+in ``ALGORITHMS``. Pure and deterministic: rank 0 evaluates it on its measurements and
+broadcasts the choice.
 """
 
 from __future__ import annotations
