@@ -16,6 +16,7 @@ from ddp.flight.dumps import load_dumps
 from ddp.flight.gloo_errors import error_meaning, strip_source
 from ddp.program.config import (
     COMM_HOOKS,
+    COMMS,
     COMPRESSION_HOOKS,
     GROUPS,
     POWERSGD_RANK,
@@ -31,6 +32,7 @@ from ddp.program.records import (
     EndRecord,
     FailureRecord,
     LogError,
+    PlanRecord,
     RankLog,
     Record,
     StepRecord,
@@ -70,6 +72,7 @@ from ddp.report import (
 )
 
 __all__ = [
+    "COMMS",
     "COMM_HOOKS",
     "COMPRESSION_HOOKS",
     "GROUPS",
@@ -91,6 +94,7 @@ __all__ = [
     "LogError",
     "Page",
     "ParityReport",
+    "PlanRecord",
     "QuorumRecord",
     "RankLog",
     "Record",

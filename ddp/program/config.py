@@ -110,7 +110,8 @@ class TrainConfig:
         "rebuild, choose the bucket cap and the allreduce algorithm together (flat ring, or "
         "two levels whose cross-node exchange is a ring, a direct exchange or recursive "
         "doubling), check the choice against the steps and choose again when the link "
-        "changes; no compression. Not with --comm-hook or --bucket-cap-mb",
+        "changes; no compression. Not with --comm-hook or --bucket-cap-mb. With --wrapper "
+        "torch: the algorithm only, chosen once before training for torch's own cap",
         choices=COMMS,
     )
     find_unused_parameters: str = _opt(
@@ -312,10 +313,6 @@ class TrainConfig:
             )
         if self.sync != "allreduce":
             raise ValueError(f"--comm auto plans the gradient allreduce: drop --sync {self.sync}")
-        if self.wrapper != "ours":
-            raise ValueError(
-                "--comm auto re-buckets at run time, which torch's DDP cannot: use --wrapper ours"
-            )
         if self.finds_unused:
             raise ValueError(
                 "--comm auto plans when the buckets are rebuilt, which find_unused_parameters "

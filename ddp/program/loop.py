@@ -39,6 +39,7 @@ from ddp.program.reference import Reference, checksum, max_param_diff, params_sh
 from ddp.program.resume import agreed_start, restore, save
 from ddp.program.wrap import bucket_count, start_line, wrap
 from ddp.wrapper.auto_cap import MAX_BYTES_PER_S
+from ddp.wrapper.comm_auto import AutoComm
 from ddp.wrapper.distributed import DistributedDataParallel
 
 __all__ = ["train"]
@@ -65,6 +66,7 @@ class _Run:
     ref: Reference | None  # rank 0's single-process reference on the global batch
     start: int  # the last step already done (0, or the step a resumed run continues after)
     rows: list[StepRow] = field(default_factory=list)  # rank 0's parity rows
+    planner: AutoComm | None = None  # --comm auto's (ours: the wrapper's; torch's: wrap's)
     auto_cap_reported: bool = False
 
 
@@ -112,6 +114,7 @@ def _setup(
         ref,
         0 if start is None else start.step,
     )
+    run.planner = ddp.auto_comm if ddp else hook_state if isinstance(hook_state, AutoComm) else None
     shapes = ddp.reducer.bucket_shapes if ddp else None
     buckets = bucket_count(cfg, model)
     jlog.write(ConfigRecord(rank, world, buckets, run.start, cfg.to_dict(), os.getpid(), shapes))
@@ -145,6 +148,8 @@ def _step(run: _Run, step: int) -> None:
             (loss_t / k if k > 1 else loss_t).backward()
         losses.append(loss_t.item())
     comm_s, timeline = _communication(run, step, t0, t_bw)
+    if run.planner is not None:
+        _report_plans(run)
     opt.step()
     step_ms = (time.perf_counter() - t0) * 1e3
     _check_step(run, step, sum(losses) / k, step_ms, comm_s, wall0, timeline)
@@ -161,8 +166,6 @@ def _communication(run: _Run, step: int, t0: float, t_bw: float) -> tuple[float,
             "buckets_ms": [[(a - t0) * 1e3, (b - t0) * 1e3] for a, b in tl["buckets"]],
             "num_buckets": run.ddp.num_buckets,
         }
-        if run.ddp.auto_comm is not None:
-            _report_plans(run)
         if run.ddp.auto_cap is not None and not run.auto_cap_reported:
             run.auto_cap_reported = True
             timeline["auto_cap"] = run.ddp.auto_cap.summary()
@@ -257,8 +260,8 @@ def _verify(run: _Run) -> bool:
 
 def _report_plans(run: _Run) -> None:
     """``--comm auto``'s decisions since the last step: one record each, and a line."""
-    assert run.ddp is not None and run.ddp.auto_comm is not None
-    for rec in run.ddp.auto_comm.take_records():
+    assert run.planner is not None
+    for rec in run.planner.take_records():
         run.jlog.write(PlanRecord(run.rank, **rec))
         was = rec.get("previous_measured_ms")
         if rec["changed"]:

@@ -119,8 +119,9 @@ class PlanRecord(Record):
     cross-node exchange is ``ring``, ``direct`` or ``recursive-doubling``). ``predicted_ms``:
     the model's end of communication, ms after backward began; ``measured_ms``: the same span
     as rank 0's reducer measured it under this plan (median of the last steps; None when the
-    record starts a plan, ``changed``). ``previous_measured_ms``: what the plan it replaced
-    measured. ``reason``: why, in one line."""
+    record starts a plan, ``changed``; a record that keeps a plan gives the model's prediction
+    once it learned the cost per call from those steps). ``previous_measured_ms``: what the
+    plan it replaced measured. ``reason``: why, in one line. Every rank writes the same."""
 
     event: ClassVar[str] = "plan"
     step: int

@@ -17,10 +17,16 @@ same collectives at the same step:
 2. Every ``CHECK_EVERY`` backwards after a plan: rank 0 decides from its own steps (the
    reducer's stamps: when backward began and when the last bucket was done) and broadcasts.
    At the first check of a plan it learns what a call really costs under it (``learn_call_s``:
-   a bare probe prices a call at a third of what it costs in a step), re-chooses with that,
-   and switches if the new choice is predicted 5% faster; the plan's times become the
-   baseline. At later checks a window that moved away from the baseline (``replan``) makes
-   every rank re-measure and re-plan.
+   a bare probe prices a call at a third of what it costs in a step; a plan of one bucket
+   teaches nothing), re-chooses with that, and switches if it learned something and the new
+   choice is predicted 5% faster; the plan's times become the baseline. At later checks a
+   window that moved away from the baseline (``replan``) makes every rank re-measure and
+   re-plan.
+
+Under torch's DDP (``plan_once``), whose buckets cannot be laid out anew, only the hook part
+applies: before training, every rank probes, and rank 0 chooses the algorithm for torch's
+own cap (25 MB) with every gradient taken as ready at once (torch's stamps are not ours to
+read); that plan stays.
 
 Every plan is kept (``records``, for the training program's logs, and the ``comm_plan`` entry
 of ``_get_ddp_logging_data()``): the step it starts at, cap, algorithm, predicted and measured
@@ -51,6 +57,7 @@ __all__ = ["CHECK_EVERY", "AutoComm", "AutoCommState", "auto_comm_hook"]
 CHECK_EVERY = 4  # backwards between two checks of the plan in force
 SWITCH_GAIN = 0.95  # a re-choice replaces the plan in force if predicted this much faster
 MAX_SWITCHES = 3  # calibration switches per measurement of the link (no endless flip-flop)
+_KEEP = 64  # measurements kept (a window never needs more than CHECK_EVERY)
 
 
 class AutoCommState:
@@ -98,6 +105,7 @@ class AutoComm:
         self._baseline: list[float] = []
         self._settled = False
         self._switches = 0
+        self._step = 0
 
     # ---- the schedule, the same on every rank ------------------------------------------------
 
@@ -105,10 +113,13 @@ class AutoComm:
         """Before each synchronised forward (or a joined rank's shadow of one), on every rank.
         Returns the new bucket cap (MB) when the buckets must be laid out anew, else None."""
         count = reducer._rebuild.synced_backwards
+        # the step the coming forward belongs to: the training loop's label, else the count
+        self._step = reducer.step if reducer.step >= 0 else count + 1
         if count > self._seen:
             self._seen = count
             stamps = reducer.last_stamps
             self._series.append(stamps["backward_comm_end"] - stamps["backward_compute_start"])
+            del self._series[:-_KEEP]
         if reducer.rebuild_due():
             return self._first_plan(reducer, logging, count)
         if self._plan is None or count <= self._since or (count - self._since) % CHECK_EVERY:
@@ -117,7 +128,7 @@ class AutoComm:
 
     def _first_plan(self, reducer: Any, logging: Any, count: int) -> float:
         plan = self._probe_and_choose(reducer, "first plan: measured the links")
-        return self._adopt(plan, reducer, logging, count)
+        return self._adopt(plan, None, reducer, logging, count)
 
     def _check(self, reducer: Any, logging: Any, count: int) -> Optional[float]:  # noqa: UP045
         decision = None
@@ -138,7 +149,7 @@ class AutoComm:
             plan = _plan_from_json(decision["plan"])
             self._call_s = {k: float(v) for k, v in decision["call_s"].items()}
             self._switches += 1
-        return self._adopt(plan, reducer, logging, count)
+        return self._adopt(plan, decision.get("measured_s"), reducer, logging, count)
 
     # ---- rank 0's decisions --------------------------------------------------------------------
 
@@ -160,23 +171,28 @@ class AutoComm:
                     f"the link changed: communication ended {now * 1e3:.1f} ms after backward "
                     f"began, {was * 1e3:.1f} ms when the plan settled; measuring again"
                 )
-                return {"action": "probe", "reason": reason}
+                return {"action": "probe", "reason": reason, "measured_s": measured}
             return {"action": "keep", "baseline": self._baseline}
         # The plan's first check: learn what one call costs under it, then choose again.
         ready = reducer.ready_profile() or [(0.0, 4)]
-        if window:
-            per_step = [learn_call_s(ready, model, plan.cap_mb, plan.algorithm, t) for t in window]
-            self._call_s[plan.algorithm] = statistics.median(per_step)
+        per_step = [learn_call_s(ready, model, plan.cap_mb, plan.algorithm, t) for t in window]
+        learnt = [t for t in per_step if t is not None]
+        if learnt:
+            self._call_s[plan.algorithm] = statistics.median(learnt)
         learned = dict(self._call_s)
-        calls = _calls(learned, 0.0)
+        # nothing learned yet (one bucket so far): the probe's prices stay
+        calls = _calls(learned, 0.0) if learned else dict(model.call_s)
         model = _with_calls(model, calls)
         current = predict_plan(ready, model, plan.cap_mb, plan.algorithm)
         best = choose_plan(ready, model, algorithms=self._algorithms())
         call_ms = calls[plan.algorithm] * 1e3
-        if best.predicted_s < current * SWITCH_GAIN and self._switches < MAX_SWITCHES:
+        # only what was learned may move the plan: without it, a new prediction differs from
+        # the old by the last backward's ready times alone, which is noise
+        better = best.predicted_s < current * SWITCH_GAIN
+        if learnt and better and self._switches < MAX_SWITCHES:
             reason = (
                 f"a call costs {call_ms:.2f} ms under {plan.algorithm} (learned from "
-                f"{len(window)} steps, measured {_ms(measured)} ms against "
+                f"{len(learnt)} steps, measured {_ms(measured)} ms against "
                 f"{plan.predicted_s * 1e3:.1f} predicted): {best.cap_mb} MB {best.algorithm} "
                 f"predicted {best.predicted_s * 1e3:.1f} ms, the plan in force {current * 1e3:.1f}"
             )
@@ -185,16 +201,36 @@ class AutoComm:
                 "action": "plan",
                 "plan": _plan_to_json(best, reason, model),
                 "call_s": learned,
+                "measured_s": measured,
             }
         self._model = model
         record = _record(
-            reducer.step, plan, current, measured, model,
-            f"kept: {call_ms:.2f} ms per call learned from {len(window)} steps; no plan "
-            f"predicted {100 - SWITCH_GAIN * 100:.0f}% faster",
+            self._step, plan, current, measured, model,
+            f"kept: {call_ms:.2f} ms per call "
+            + (f"learned from {len(learnt)} steps" if learnt else "(one bucket: not learned)")
+            + f"; no plan predicted {100 - SWITCH_GAIN * 100:.0f}% faster",
             changed=False,
         )  # fmt: skip
         self._baseline = window
         return {"action": "keep", "baseline": window, "record": record}
+
+    def plan_once(self, params: Any, cap_mb: float) -> None:
+        """Torch's DDP: choose the algorithm for buckets of ``cap_mb`` now, once (see the
+        module docstring). A collective: every rank, before training."""
+        sizes = [p.numel() * p.element_size() for p in params if p.requires_grad]
+        ready = [(0.0, n) for n in reversed(sizes)]
+        links = _probe(self.state, sum(sizes))
+        decided = None
+        if self.rank == 0:
+            model = self._fit(links)
+            plan = choose_plan(ready, model, caps=(cap_mb,), algorithms=self._algorithms())
+            why = f"torch's DDP: the algorithm for its own {cap_mb} MB cap, planned once"
+            decided = _plan_to_json(plan, why, model)
+        plan = _plan_from_json(broadcast_json(decided, src=0))
+        self.state.algorithm = plan.algorithm
+        self._plan = plan
+        self.records.append(_record(1, plan, plan.predicted_s, None, None, plan.reason, True))
+        self._unread += 1
 
     def _algorithms(self) -> tuple[str, ...]:
         return _ALL if self.state.hierarchical is not None else ("flat",)
@@ -233,25 +269,28 @@ class AutoComm:
         calls = _calls(self._call_s, cpu)
         return CommModel(topo.world_size, m, k, cross, local, flat, calls)
 
-    def _adopt(self, plan: Plan, reducer: Any, logging: Any, count: int) -> float:
+    def _adopt(
+        self,
+        plan: Plan,
+        previous_measured_s: Optional[float],  # noqa: UP045 (rank 0's, broadcast)
+        reducer: Any,
+        logging: Any,
+        count: int,
+    ) -> float:
         self.state.algorithm = plan.algorithm
-        previous = self._plan
         self._plan = plan
         self._since = count
         self._settled = False
         self._baseline = []
-        measured = None
-        if previous is not None and self.rank == 0:  # what the plan it replaces measured
-            window = self._series[-(CHECK_EVERY - 1) :]
-            measured = statistics.median(window) if window else None
-        rec = _record(reducer.step, plan, plan.predicted_s, None, None, plan.reason, True)
-        rec["previous_measured_ms"] = _ms(measured)
+        rec = _record(self._step, plan, plan.predicted_s, None, None, plan.reason, True)
+        rec["previous_measured_ms"] = _ms(previous_measured_s)
         self._record(rec, logging)
         return plan.cap_mb
 
     def _record(self, rec: dict[str, Any], logging: Any) -> None:
         self.records.append(rec)
         self._unread += 1
+        # torch's key names hold strings or ints: the plan travels as JSON, as auto_bucket_cap
         logging.data["comm_plan"] = json.dumps({**rec, "plans": len(self.records)})
 
     def take_records(self) -> list[dict[str, Any]]:

@@ -21,9 +21,10 @@ Buckets fill in gradient-ready order (``auto_cap``'s rule) and two are in flight
 two workers; the hierarchical hook's one-bucket lag): their latencies overlap, their wire bytes
 take turns. Each bucket also costs the rank a fixed time per call (``call_s``, per algorithm),
 which a bare probe underestimates, so it is learned from the reducer's own per-step times
-(:func:`learn_call_s`). The (cap, algorithm) with the earliest predicted end of communication
-wins; within 1% of the best, the larger cap, then the earlier algorithm in ``ALGORITHMS``.
-Pure and deterministic: rank 0 evaluates it on its measurements and broadcasts the choice.
+(:func:`learn_call_s`) where they can tell it. The (cap, algorithm) with the earliest predicted
+end of communication wins; within 1% of the best, the larger cap, then the earlier algorithm
+in ``ALGORITHMS``. Pure and deterministic: rank 0 evaluates it on its measurements and
+broadcasts the choice.
 """
 
 from __future__ import annotations
@@ -168,12 +169,15 @@ def learn_call_s(
     cap_mb: float,
     algorithm: str,
     measured_s: float,
-) -> float:
+) -> float | None:
     """The cost of one call that explains a measured end of communication (seconds after
     backward began, the reducer's own stamps) under the plan that ran: what the measurement
-    exceeds the link's prediction by, spread over the buckets (never negative)."""
+    exceeds the link's prediction by, spread over the buckets. None where that says nothing
+    about a call: with fewer than two buckets (one call cannot tell its own cost from the link
+    fit's error), or a measurement at or below the prediction (the fit overestimates the
+    link; calls are not free for that)."""
     buckets = len(_buckets(sorted(ready), cap_mb * _MB))
-    if not buckets:
-        return 0.0
     base = predict_plan(ready, model, cap_mb, algorithm, with_calls=False)
-    return max(0.0, (measured_s - base) / buckets)
+    if buckets < 2 or measured_s <= base:
+        return None
+    return (measured_s - base) / buckets

@@ -16,7 +16,10 @@ from collections.abc import Sequence
 
 __all__ = ["ABSOLUTE_S", "RELATIVE", "link_changed"]
 
-RELATIVE = 0.5  # a change is a median at least 1.5x the baseline's, or below 1/1.5 of it
+# A change is a median at least twice the baseline's, or below half of it. On a host whose
+# cores other jobs share, a settled plan's window median wandered up to 1.95x (4 ranks, load
+# 34); a link that gains 5 ms and loses its bandwidth moves it tenfold.
+RELATIVE = 1.0
 ABSOLUTE_S = 0.005  # ...and at least 5 ms away from it
 
 

@@ -95,7 +95,10 @@ def test_learned_call_cost_explains_the_measured_end():
     learned = learn_call_s(READY, model, 1.0, "direct", base + 0.010)
     buckets = 10  # 20 gradients of 0.5 MB, closed at 1 MB
     assert learned == pytest.approx(0.010 / buckets)
-    assert learn_call_s(READY, model, 1.0, "direct", base - 0.001) == 0.0
+    # faster than the link's prediction: the fit is off, and says nothing about calls
+    assert learn_call_s(READY, model, 1.0, "direct", base - 0.001) is None
+    # one bucket: its excess may be the link fit's error as well as the call's
+    assert learn_call_s(READY, model, 25.0, "direct", base + 0.010) is None
     with_calls = _model(2, 2, model.cross, call_s=learned)
     assert predict_plan(READY, with_calls, 1.0, "direct") == pytest.approx(base + 0.010)
 
@@ -143,7 +146,6 @@ def test_detector_sees_the_link_speed_up_and_ignores_one_slow_step():
         ({"comm": "auto", "comm_hook": "fp16"}, "drop --comm-hook fp16"),
         ({"comm": "auto", "bucket_cap_mb": 1.0}, "drop --bucket-cap-mb 1.0"),
         ({"comm": "auto", "bucket_cap_mb": "auto"}, "drop --bucket-cap-mb auto"),
-        ({"comm": "auto", "wrapper": "torch"}, "use --wrapper ours"),
         ({"comm": "auto", "model": "branchy"}, "find_unused_parameters"),
         ({"comm": "auto", "sync": "none"}, "drop --sync none"),
     ],
