@@ -116,7 +116,7 @@ def plans_line(table: LayoutRows) -> str:
     )
 
 
-def _effective(runs: Sequence[ConfigRun], table: LayoutRows) -> str:
+def _effective(table: LayoutRows) -> str:
     steps = sorted(
         {rec.effective_step for r in table.rows for rec in r.recoveries if rec.effective_step}
     )
@@ -135,7 +135,7 @@ def change_line(table: LayoutRows, plan: TopologyPlan, runs: Sequence[ConfigRun]
     off = sum(1 for r in mine if r.change.mismatch)
     verdict = f", {off} of {len(mine)} probes NOT as asked" if off else ""
     head = (
-        f"link change to {plan.change.text} ({table.layout}): {_effective(runs, table)}; "
+        f"link change to {plan.change.text} ({table.layout}): {_effective(table)}; "
         f"probed during the jobs: round trip p50 {probed} ms{verdict}"
     )
     if torch is None or auto is None:
