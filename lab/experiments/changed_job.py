@@ -29,6 +29,7 @@ class ChangeTrigger:
         self.link, self.plan, self.echo = link, plan, echo
         self.change = LinkChange(plan.at_step, plan.to_ms, plan.to_rate_mbit)
         self.fired = False
+        link.measure_baseline()  # before the job: on the idle link
 
     def __call__(self, event: object) -> None:
         record = getattr(event, "record", None)

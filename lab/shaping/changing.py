@@ -4,8 +4,9 @@ An experiment that runs a limit job on the bare link, then the others on the sha
 re-shapes the link while a job trains (``--change-at-step``) holds one of these for the whole
 run. Each change clears what is applied and applies the new shaping with
 :func:`lab.shaping.link.shaped`; with ``strict`` (an idle link, between jobs) it verifies
-everything and a link that is not as asked stops the run, without (during a job) it verifies
-the delay against the baseline measured on the idle link and records what was off. Failures are
+everything and a link that is not as asked stops the run, without (during a job) it shapes
+every node at once, verifies the delay against the baseline measured on the idle link and
+records what was off. Failures are
 the :class:`~lab.engine.client.LabError` the CLI prints, as with
 :func:`lab.shaping.verified_link.verified_link`.
 """
@@ -17,6 +18,7 @@ from types import TracebackType
 from typing import Any
 
 from lab.engine.client import LabError
+from lab.shaping import probe
 from lab.shaping.across import round_trips
 from lab.shaping.base import LinkMismatch, ShapingError, nodes_of
 from lab.shaping.link import ShapingReport, shaped
@@ -86,6 +88,7 @@ class ChangingLink:
                     max_seconds=self.max_seconds,
                     baseline=None if strict else self.baseline,
                     strict=strict,
+                    parallel=not strict,
                 )
             )
         except LinkMismatch as e:
@@ -93,11 +96,26 @@ class ChangingLink:
         except ShapingError as e:
             raise LabError(f"shaping the link {self.where} failed: {e}") from None
         self._applied, self.setting, self.verified = applied, (ms, rate_mbit), strict
+        self.shaper = report.shaper  # auto resolved: not probed for again
         if strict:
             self.baseline = dict(report.baseline)
         if across:
             report.checks.insert(0, across)
         return report
+
+    def measure_baseline(self, port: int = 7411) -> None:
+        """The bare link's round trip, for a change during the next job to be judged against
+        (measured on the idle link; kept once known)."""
+        if self.baseline is not None or self.setting != (0.0, None):
+            return
+        client, server = self.nodes[0], self.nodes[1]
+        try:
+            probe.start_server(server, port, 120.0)
+            self.baseline = probe.ping(client, server, port)
+        except ShapingError as e:
+            raise LabError(f"probing the bare link {self.where} failed: {e}") from None
+        finally:
+            probe.stop_server(server)
 
     def ensure(self, ms: float, rate_mbit: float | None) -> ShapingReport | None:
         """The link at ``ms`` (and ``rate_mbit``), verified on the idle link: re-shaped unless

@@ -25,7 +25,9 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from lab.shaping import probe
 from lab.shaping.base import LinkMismatch, Node
@@ -106,6 +108,7 @@ def shaped(
     udp_count: int = 400,
     baseline: Mapping[str, float] | None = None,
     strict: bool = True,
+    parallel: bool = False,
 ) -> Iterator[ShapingReport]:
     """Shape traffic between ``nodes`` (one-way delay ``ms`` per packet, or ``node_ms[i]`` for
     node i; optional rate), verify, undo.
@@ -116,7 +119,9 @@ def shaped(
     ``impair`` (jitter, loss, on every node) and ``rate_mbit`` are verified too, each within
     the tolerance :mod:`lab.shaping.probe` states, on UDP echoes and a TCP bulk transfer.
     ``baseline`` (a round trip measured before, when the link is busy now) skips measuring
-    it; ``strict=False`` verifies only the delay and records a mismatch in the report.
+    it; ``strict=False`` verifies only the delay and records a mismatch in the report;
+    ``parallel`` shapes every node at once (a thread each), so that a link changed while a job
+    trains changes within one node's few commands.
     """
     impair = impair or Impairments()
     node_ms = dict(node_ms or {})
@@ -140,6 +145,7 @@ def shaped(
         )
         if impair:
             report.udp_baseline = probe.udp(client, server, probe_port, python, udp_count)
+        todo = []
         for i, (node, delay) in enumerate(zip(nodes, delays, strict=True)):
             if delay == 0 and not rate_mbit and not impair:
                 continue  # nothing to do on this node
@@ -151,8 +157,12 @@ def shaped(
                 max_seconds=max_seconds,
                 impair=impair.for_node(i),
             )
-            peers = [n.address for n in nodes if n is not node]
-            undo.enter_context(impl.applied(node, peers))
+            todo.append((impl, node, [n.address for n in nodes if n is not node]))
+        if parallel:
+            _apply_at_once(todo, undo)
+        else:
+            for impl, node, peers in todo:
+                undo.enter_context(impl.applied(node, peers))
         report.applied_t = time.time()
         report.measured = probe.ping(client, server, probe_port, python, probe_count)
         if impair:
@@ -168,6 +178,32 @@ def shaped(
                 raise
             report.mismatch = str(e).removeprefix(f"{report.line()}: ")
         yield report
+
+
+def _apply_at_once(todo: Sequence[tuple[Any, Node, list[str]]], undo: contextlib.ExitStack) -> None:
+    """Every ``(shaper, node, peers)`` applied in a thread of its own; each node's undo pushed
+    on ``undo`` once it took effect, and the first failure raised after the others ended (what
+    they applied is undone with the rest)."""
+
+    def apply(impl: Any, node: Node, peers: list[str]) -> contextlib.ExitStack:
+        one = contextlib.ExitStack()
+        try:
+            one.enter_context(impl.applied(node, peers))
+        except BaseException:
+            one.close()
+            raise
+        return one
+
+    with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
+        futures = [pool.submit(apply, *job) for job in todo]
+    failed: BaseException | None = None
+    for future in futures:
+        try:
+            undo.enter_context(future.result())
+        except BaseException as e:
+            failed = failed or e
+    if failed is not None:
+        raise failed
 
 
 def _delays(
