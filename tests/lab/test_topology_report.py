@@ -229,6 +229,8 @@ def test_a_link_change_shows_each_rows_steps_to_recover(tmp_path, capsys):
             return (3 if step <= 10 + slow else 2) * base - rank * 0.5
 
         write_logs(result.log_dir(run), world=4, steps=20, step_ms=ms)
+    idle = {"measured": {"p50_ms": 10.6}, "baseline": {"p50_ms": 0.05}, "bulk": {"mbit_s": 19.2}}
+    result.links.append(LinkInfo("nfqueue", "asked 5 ms", "", idle, "2x2", "after the change"))
     tables, _ = analysis.combine_rounds(result)
     by = {r.config: r for r in tables[0].rows}
     assert by["torch"].steps_to_recover == (0,) and by["hierarchical"].steps_to_recover == (2,)
@@ -239,6 +241,8 @@ def test_a_link_change_shows_each_rows_steps_to_recover(tmp_path, capsys):
     assert "before ms" in out and "recover" in out
     assert "link change to 5 ms, 20 Mbit/s at step 10 (2x2): in place from step 11" in out
     assert "round trip p50 11.0/11.0" in out
+    assert "verified idle after each job: round trip p50 10.6 ms, bulk 19.2 Mbit/s" in out
+    assert "probe: round trip p50 10.40 ms" in out  # the table's link: the first, not the idle
 
 
 def test_broken_parity_exits_1_and_says_where(tmp_path, capsys):

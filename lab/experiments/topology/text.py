@@ -31,10 +31,10 @@ def _num(value: float | None, fmt: str, suffix: str = "") -> str:
 
 
 def _link_text(links: Sequence[LinkInfo], layout: str) -> str:
-    mine = [lk for lk in links if lk.layout == layout and lk.what == "the link"] or list(links)
+    mine = [lk for lk in links if lk.layout == layout and lk.what == "the link"]
     rtt = mine[0].figure("measured", "p50_ms") if mine else None
     if rtt is None:
-        return "link not probed (unshaped)"
+        return "the bare link (nothing to probe)"
     base, bulk = mine[0].figure("baseline", "p50_ms"), mine[0].figure("bulk", "mbit_s")
     rate = "" if bulk is None else f", bulk {bulk:.1f} Mbit/s"
     return f"probe: round trip p50 {rtt:.2f} ms (unshaped {_num(base, '.2f')} ms){rate}"
@@ -123,7 +123,12 @@ def _effective(table: LayoutRows) -> str:
     return f"in place from step {'/'.join(map(str, steps))}" if steps else "never in place"
 
 
-def change_line(table: LayoutRows, plan: TopologyPlan, runs: Sequence[ConfigRun]) -> str:
+def change_line(
+    table: LayoutRows,
+    plan: TopologyPlan,
+    runs: Sequence[ConfigRun],
+    links: Sequence[LinkInfo] = (),
+) -> str:
     """With a change: comm auto's settled step after it against torch's, and how many steps
     each took to recover ('' without a change)."""
     if plan.change is None:
@@ -134,9 +139,19 @@ def change_line(table: LayoutRows, plan: TopologyPlan, runs: Sequence[ConfigRun]
     probed = "/".join(f"{x:.1f}" for x in rtts if x is not None) or "-"
     off = sum(1 for r in mine if r.change.mismatch)
     verdict = f", {off} of {len(mine)} probes NOT as asked" if off else ""
+    idle = [lk for lk in links if lk.layout == table.layout and lk.what != "the link"]
+    idle_rtt = [x for lk in idle if (x := lk.figure("measured", "p50_ms")) is not None]
+    bulk = [x for lk in idle if (x := lk.figure("bulk", "mbit_s")) is not None]
+    verified = ""
+    if idle_rtt:
+        rate = f", bulk {'/'.join(f'{x:.1f}' for x in bulk)} Mbit/s" if bulk else ""
+        verified = (
+            f"; verified idle after each job: round trip p50 "
+            f"{'/'.join(f'{x:.1f}' for x in idle_rtt)} ms{rate}"
+        )
     head = (
         f"link change to {plan.change.text} ({table.layout}): {_effective(table)}; "
-        f"probed during the jobs: round trip p50 {probed} ms{verdict}"
+        f"probed during the jobs: round trip p50 {probed} ms{verdict}{verified}"
     )
     if torch is None or auto is None:
         return head
@@ -214,7 +229,7 @@ def closing(summary: TopologySummary) -> Closing:
     table: list[str] = []
     for t in summary.layouts:
         table.append(format_table(t, plan, result.links))
-        table += [x for x in (plans_line(t), change_line(t, plan, result.runs)) if x]
+        table += [x for x in (plans_line(t), change_line(t, plan, result.runs, result.links)) if x]
     table.append(cores_line(summary))
     after = [x for t in summary.layouts if (x := auto_cap_line(t.rows))]
     after += [headline_line(t.rows, plan, t.title) for t in summary.layouts]
