@@ -26,6 +26,13 @@ _SAMPLER_SLACK_S = 120.0  # the sampler outlives the job's timeout by this, then
 Echo = Callable[[str], None]
 
 
+def _say_retries(link: ChangingLink, echo: Echo) -> None:
+    """A strict check that passed only on its second attempt says what the first measured."""
+    for first in link.retried:
+        echo(f"link check passed on a second attempt; the first: {first}")
+    link.retried.clear()
+
+
 def _shape_for(
     link: ChangingLink, plan: TopologyPlan, p: Planned, result: TopologyResult, echo: Echo
 ) -> None:
@@ -36,6 +43,7 @@ def _shape_for(
             echo("link cleared: the limit runs on the bare link")
         return
     report = link.ensure(plan.ms, plan.rate_mbit)
+    _say_retries(link, echo)
     if report is not None:
         if report.note:
             echo(report.note)
@@ -71,6 +79,7 @@ def _run_job(
         )
     if trigger is not None and trigger.fired:
         report = recheck(link, plan.change)
+        _say_retries(link, echo)
         if report is not None:
             what = f"after the change, idle (after {p.job})"
             result.links.append(LinkInfo.from_report(report, p.layout.name, what))
