@@ -112,7 +112,7 @@ class AutoComm:
     def before_forward(self, reducer: Any, logging: Any) -> Optional[float]:  # noqa: UP045
         """Before each synchronised forward (or a joined rank's shadow of one), on every rank.
         Returns the new bucket cap (MB) when the buckets must be laid out anew, else None."""
-        count = reducer._rebuild.synced_backwards
+        count = reducer.synced_backwards
         # the step the coming forward belongs to: the training loop's label, else the count
         self._step = reducer.step if reducer.step >= 0 else count + 1
         if count > self._seen:
