@@ -43,7 +43,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from ddp.wrapper.auto_cap import LinkModel, fit_link
+from ddp.wrapper.auto_cap import MAX_BYTES_PER_S, LinkModel, fit_link
 from ddp.wrapper.auto_tune import PROBE_BYTES, PROBE_REPS, measure_link
 from ddp.wrapper.comm_plan import CommModel, Plan, choose_plan, learn_call_s, predict_plan
 from ddp.wrapper.cross_node import start as start_cross
@@ -52,7 +52,7 @@ from ddp.wrapper.replan import link_changed
 from ddp.wrapper.topology import Topology, gather_node_names
 from ddp.wrapper.wire import broadcast_json
 
-__all__ = ["CHECK_EVERY", "AutoComm", "AutoCommState", "auto_comm_hook"]
+__all__ = ["CHECK_EVERY", "AutoComm", "AutoCommState", "auto_comm_hook", "ends_fit"]
 
 CHECK_EVERY = 4  # backwards between two checks of the plan in force
 SWITCH_GAIN = 0.95  # a re-choice replaces the plan in force if predicted this much faster
@@ -112,7 +112,7 @@ class AutoComm:
     def before_forward(self, reducer: Any, logging: Any) -> Optional[float]:  # noqa: UP045
         """Before each synchronised forward (or a joined rank's shadow of one), on every rank.
         Returns the new bucket cap (MB) when the buckets must be laid out anew, else None."""
-        count = reducer._rebuild.synced_backwards
+        count = reducer.synced_backwards
         # the step the coming forward belongs to: the training loop's label, else the count
         self._step = reducer.step if reducer.step >= 0 else count + 1
         if count > self._seen:
@@ -264,7 +264,7 @@ class AutoComm:
             local = LinkModel(fit.latency_s / hops, fit.bytes_per_s * hops / k)
         cross = flat
         if links.get("cross"):
-            fit = fit_link(links["cross"])  # a direct exchange: 1 latency, (M-1) x the bytes
+            fit = ends_fit(links["cross"])  # a direct exchange: 1 latency, (M-1) x the bytes
             cross = LinkModel(fit.latency_s, fit.bytes_per_s * (m - 1))
         calls = _calls(self._call_s, cpu)
         return CommModel(topo.world_size, m, k, cross, local, flat, calls)
@@ -335,6 +335,18 @@ def _time_direct(hier: HierarchicalState, max_bytes: int) -> list[tuple[int, flo
     if len(best) < 2:  # a tiny model: two sizes still give a slope
         best[8] = best.get(8, best[min(best)])
     return sorted(best.items())
+
+
+def ends_fit(samples: list[tuple[int, float]]) -> LinkModel:
+    """``latency + bytes / bandwidth`` through the smallest and the largest sample: the
+    latency is the smallest size's time, the bandwidth the slope to the largest. For the
+    leaders' direct exchange, which runs on point-to-point pairs that have carried nothing yet:
+    TCP's slow start gives its middle sizes extra round trips (at 5 ms one-way, a least-squares
+    line through them put 17 ms of latency on a 5 ms link), and the ends are what a bucket of
+    a few KB and one of a MB or more cost."""
+    (n0, t0), (n1, t1) = min(samples), max(samples)
+    slope = (t1 - t0) / (n1 - n0) if n1 > n0 else 0.0
+    return LinkModel(max(t0 - slope * n0, 0.0), 1.0 / max(slope, 1.0 / MAX_BYTES_PER_S))
 
 
 def _calls(learned: dict[str, float], probed_s: float) -> dict[str, float]:

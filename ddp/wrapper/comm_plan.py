@@ -33,7 +33,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ddp.wrapper.auto_cap import CANDIDATE_CAPS_MB, IN_FLIGHT, LinkModel, _buckets
+from ddp.wrapper.auto_cap import CANDIDATE_CAPS_MB, IN_FLIGHT, LinkModel, fill_buckets
 
 __all__ = [
     "ALGORITHMS",
@@ -134,7 +134,7 @@ def predict_plan(
     :func:`learn_call_s` measures against)."""
     ends: list[float] = []
     wire = 0.0
-    buckets = _buckets(sorted(ready), cap_mb * _MB)
+    buckets = fill_buckets(sorted(ready), cap_mb * _MB)
     for ready_at, nbytes in buckets:
         start = max(ready_at, ends[-IN_FLIGHT] if len(ends) >= IN_FLIGHT else 0.0)
         latency, wire_s = model.bucket(algorithm, nbytes)
@@ -176,7 +176,7 @@ def learn_call_s(
     about a call: with fewer than two buckets (one call cannot tell its own cost from the link
     fit's error), or a measurement at or below the prediction (the fit overestimates the
     link; calls are not free for that)."""
-    buckets = len(_buckets(sorted(ready), cap_mb * _MB))
+    buckets = len(fill_buckets(sorted(ready), cap_mb * _MB))
     base = predict_plan(ready, model, cap_mb, algorithm, with_calls=False)
     if buckets < 2 or measured_s <= base:
         return None

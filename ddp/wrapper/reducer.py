@@ -632,6 +632,12 @@ class Reducer:
         """Whether a rebuild is still to come (it never comes with find_unused_parameters)."""
         return self._rebuild.pending(static=self.static.enabled, find_unused=self._find_unused)
 
+    @property
+    def synced_backwards(self) -> int:
+        """Synchronised backwards finished or (joined) shadowed: the same count on every rank,
+        so a schedule keyed on it issues its collectives at the same step everywhere."""
+        return self._rebuild.synced_backwards
+
     def rebuild_due(self) -> bool:
         """Whether the next synchronised forward rebuilds (the same answer on every rank)."""
         return self._rebuild.due(static=self.static.enabled, find_unused=self._find_unused)

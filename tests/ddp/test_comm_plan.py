@@ -108,6 +108,18 @@ def test_choice_is_deterministic():
     assert choose_plan(READY, model) == choose_plan(list(READY), model)
 
 
+def test_ends_fit_takes_latency_from_the_smallest_size_not_a_slow_start_curve():
+    """A direct exchange on fresh TCP pairs at 5 ms: 64 KB and 512 KB pay extra round trips
+    of slow start; the line through the ends keeps the 5 ms latency."""
+    from ddp.wrapper.comm_auto import ends_fit
+
+    samples = [(4 << 10, 0.0052), (64 << 10, 0.025), (512 << 10, 0.060), (1 << 20, 0.0652)]
+    fit = ends_fit(samples)
+    assert fit.latency_s == pytest.approx(0.0052 - 0.060 / ((1 << 20) - (4 << 10)) * (4 << 10))
+    assert 0.004 < fit.latency_s < 0.0053
+    assert fit.seconds(1 << 20) == pytest.approx(0.0652)
+
+
 # ---- the change detector -------------------------------------------------------------------
 
 
