@@ -32,6 +32,7 @@ from ddp.instrument.records import (
 )
 from ddp.program.config import (
     COMM_HOOKS,
+    COMMS,
     COMPRESSION_HOOKS,
     GROUPS,
     POWERSGD_RANK,
@@ -47,6 +48,7 @@ from ddp.program.records import (
     EndRecord,
     FailureRecord,
     LogError,
+    PlanRecord,
     RankLog,
     Record,
     StepRecord,
@@ -86,6 +88,7 @@ from ddp.report import (
 )
 
 __all__ = [
+    "COMMS",
     "COMM_HOOKS",
     "COMPRESSION_HOOKS",
     "DUMP_SIGNAL",
@@ -113,6 +116,7 @@ __all__ = [
     "LogError",
     "Page",
     "ParityReport",
+    "PlanRecord",
     "QuorumRecord",
     "RankLog",
     "Record",

@@ -19,12 +19,14 @@ from typing import Any
 from ddp.program.peers import Rendezvous
 from ddp.wrapper.hook_names import (
     COMM_HOOKS,
+    COMMS,
     COMPRESSION_HOOKS,
     POWERSGD_RANK,
     POWERSGD_START_ITER,
 )
 
 __all__ = [
+    "COMMS",
     "COMM_HOOKS",
     "COMPRESSION_HOOKS",
     "FIND_UNUSED",
@@ -101,6 +103,16 @@ class TrainConfig:
         "averages within each node, then across nodes (a node: DDP_NODE or the host name), "
         "hierarchical-fp16 compresses only the cross-node leg",
         choices=COMM_HOOKS,
+    )
+    comm: str = _opt(
+        "default",
+        "auto = one automatic exact setting: measure the links and backward at the bucket "
+        "rebuild, choose the bucket cap and the allreduce algorithm together (flat ring, or "
+        "two levels whose cross-node exchange is a ring, a direct exchange or recursive "
+        "doubling), check the choice against the steps and choose again when the link "
+        "changes; no compression. Not with --comm-hook or --bucket-cap-mb. With --wrapper "
+        "torch: the algorithm only, chosen once before training for torch's own cap",
+        choices=COMMS,
     )
     find_unused_parameters: str = _opt(
         "auto",
@@ -218,6 +230,10 @@ class TrainConfig:
                 f"--comm-hook {self.comm_hook} needs --sync allreduce (the hooks "
                 f"compress the gradient allreduce), got --sync {self.sync}"
             )
+        if self.comm not in COMMS:
+            raise ValueError(_bad("comm", self.comm, f"one of {', '.join(COMMS)}"))
+        if self.comm == "auto":
+            self._check_comm_auto()
         if self.find_unused_parameters not in FIND_UNUSED:
             raise ValueError(
                 _bad("find_unused_parameters", self.find_unused_parameters, "auto, true or false")
@@ -241,10 +257,12 @@ class TrainConfig:
             )
         if self.nodes < 1:
             raise ValueError(_bad("nodes", self.nodes, ">= 1"))
-        if self.nodes > 1 and not self.comm_hook.startswith("hierarchical"):
+        if self.nodes > 1 and not (
+            self.comm_hook.startswith("hierarchical") or self.comm == "auto"
+        ):
             raise ValueError(
                 f"--nodes {self.nodes} only groups ranks for the two-level allreduce: add "
-                "--comm-hook hierarchical (or hierarchical-fp16), or drop --nodes"
+                "--comm auto or --comm-hook hierarchical (or hierarchical-fp16), or drop --nodes"
             )
         if self.wrapper not in WRAPPERS:
             raise ValueError(_bad("wrapper", self.wrapper, f"one of {', '.join(WRAPPERS)}"))
@@ -280,6 +298,29 @@ class TrainConfig:
             from ddp.recovery.drivers.settings import check_live  # torch-free
 
             check_live(self)
+
+    def _check_comm_auto(self) -> None:
+        """--comm auto owns the cap and the hook, and plans at the bucket rebuild."""
+        if self.comm_hook != "none":
+            raise ValueError(
+                f"--comm auto chooses the allreduce itself (exact only): drop --comm-hook "
+                f"{self.comm_hook}, or drop --comm auto to use that hook"
+            )
+        if self.bucket_cap_mb != 25.0:
+            raise ValueError(
+                f"--comm auto chooses the bucket cap itself: drop --bucket-cap-mb "
+                f"{self.bucket_cap_mb}"
+            )
+        if self.sync != "allreduce":
+            raise ValueError(f"--comm auto plans the gradient allreduce: drop --sync {self.sync}")
+        if self.finds_unused:
+            raise ValueError(
+                "--comm auto plans when the buckets are rebuilt, which find_unused_parameters "
+                "never does (torch's rule; --model branchy turns it on): pick another model or "
+                "--find-unused-parameters false"
+            )
+        if self.recovery != "restart":
+            raise ValueError(f"--recovery {self.recovery} wraps the model itself: drop --comm auto")
 
     @property
     def checkpoints(self) -> Path | None:

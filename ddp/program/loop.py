@@ -27,11 +27,19 @@ from ddp.program.config import TrainConfig
 from ddp.program.data import ShardSampler, make_dataset
 from ddp.program.models import build_model, simulate_backward_compute
 from ddp.program.parity import HEADER, ParityReport, StepRow, compression_of
-from ddp.program.records import ConfigRecord, EndRecord, RecordLog, StepRecord, VerdictRecord
+from ddp.program.records import (
+    ConfigRecord,
+    EndRecord,
+    PlanRecord,
+    RecordLog,
+    StepRecord,
+    VerdictRecord,
+)
 from ddp.program.reference import Reference, checksum, max_param_diff, params_sha256, sgd
 from ddp.program.resume import agreed_start, restore, save
 from ddp.program.wrap import bucket_count, start_line, wrap
 from ddp.wrapper.auto_cap import MAX_BYTES_PER_S
+from ddp.wrapper.comm_auto import AutoComm
 from ddp.wrapper.distributed import DistributedDataParallel
 
 __all__ = ["train"]
@@ -58,6 +66,7 @@ class _Run:
     ref: Reference | None  # rank 0's single-process reference on the global batch
     start: int  # the last step already done (0, or the step a resumed run continues after)
     rows: list[StepRow] = field(default_factory=list)  # rank 0's parity rows
+    planner: AutoComm | None = None  # --comm auto's (ours: the wrapper's; torch's: wrap's)
     auto_cap_reported: bool = False
 
 
@@ -105,6 +114,7 @@ def _setup(
         ref,
         0 if start is None else start.step,
     )
+    run.planner = ddp.auto_comm if ddp else hook_state if isinstance(hook_state, AutoComm) else None
     shapes = ddp.reducer.bucket_shapes if ddp else None
     buckets = bucket_count(cfg, model)
     jlog.write(ConfigRecord(rank, world, buckets, run.start, cfg.to_dict(), os.getpid(), shapes))
@@ -138,6 +148,8 @@ def _step(run: _Run, step: int) -> None:
             (loss_t / k if k > 1 else loss_t).backward()
         losses.append(loss_t.item())
     comm_s, timeline = _communication(run, step, t0, t_bw)
+    if run.planner is not None:
+        _report_plans(run)
     opt.step()
     step_ms = (time.perf_counter() - t0) * 1e3
     _check_step(run, step, sum(losses) / k, step_ms, comm_s, wall0, timeline)
@@ -244,6 +256,22 @@ def _verify(run: _Run) -> bool:
         dist.barrier()
     run.jlog.write(EndRecord(rank, bool(holds.item()), params_sha256(run.module)))
     return bool(holds.item())
+
+
+def _report_plans(run: _Run) -> None:
+    """``--comm auto``'s decisions since the last step: one record each, and a line."""
+    assert run.planner is not None
+    for rec in run.planner.take_records():
+        run.jlog.write(PlanRecord(run.rank, **rec))
+        was = rec.get("previous_measured_ms")
+        if rec["changed"]:
+            text = f"comm auto, from step {rec['step']}: {rec['cap_mb']} MB {rec['algorithm']}, "
+            text += f"predicted {rec['predicted_ms']} ms"
+            text += f" (the plan before measured {was} ms)" if was is not None else ""
+        else:
+            text = f"comm auto, step {rec['step']}: kept {rec['cap_mb']} MB {rec['algorithm']}, "
+            text += f"predicted {rec['predicted_ms']} ms, measured {rec['measured_ms']} ms"
+        log.info(f"{text}; {rec['reason']}")
 
 
 def _auto_cap_line(chosen: dict[str, object], buckets: int) -> str:

@@ -2,9 +2,10 @@
 
 Every rank writes ``<log_dir>/rank<R>.jsonl``, one JSON object per line with an ``event`` key:
 ``config`` (set up, about to train), ``step`` (one optimizer step: loss, checksum, times and the
-bucket timeline), ``verdict`` (rank 0: does parity hold), ``failure`` (a peer died or stalled:
-the diagnosis) and ``end`` (the final parameters' digest). With ``emit_records`` the same records
-also go to stdout as ``@ddp {json}`` lines, so a program that follows the run (the lab) learns
+bucket timeline), ``plan`` (``--comm auto`` chose or checked its cap and algorithm),
+``verdict`` (rank 0: does parity hold), ``failure`` (a peer died or stalled: the diagnosis)
+and ``end`` (the final parameters' digest). With ``emit_records`` the same records also go
+to stdout as ``@ddp {json}`` lines, so a program that follows the run (the lab) learns
 progress and verdicts from data, never from the human-readable table, which may change freely.
 A script run under ``ddp.instrument`` writes the ``script_*`` records
 (``ddp.instrument.records``) to the same kind of log, read by the same reader.
@@ -41,6 +42,7 @@ __all__ = [
     "EndRecord",
     "FailureRecord",
     "LogError",
+    "PlanRecord",
     "RankLog",
     "Record",
     "RecordLog",
@@ -114,6 +116,29 @@ class StepRecord(Record):
 
 
 @dataclass
+class PlanRecord(Record):
+    """``--comm auto`` decided (``ddp.wrapper.comm_auto``), the same on every rank: from
+    ``step`` on, buckets of ``cap_mb`` averaged by ``algorithm`` (``flat``, or two levels whose
+    cross-node exchange is ``ring``, ``direct`` or ``recursive-doubling``). ``predicted_ms``:
+    the model's end of communication, ms after backward began; ``measured_ms``: the same span
+    as rank 0's reducer measured it under this plan (median of the last steps; None when the
+    record starts a plan, ``changed``; a record that keeps a plan gives the model's prediction
+    once it learned the cost per call from those steps). ``previous_measured_ms``: what the
+    plan it replaced measured. ``reason``: why, in one line. Every rank writes the same."""
+
+    event: ClassVar[str] = "plan"
+    step: int
+    cap_mb: float
+    algorithm: str
+    predicted_ms: float | None
+    measured_ms: float | None
+    reason: str
+    changed: bool = True
+    previous_measured_ms: float | None = None
+    call_ms: dict[str, float] | None = None
+
+
+@dataclass
 class VerdictRecord(Record):
     """Rank 0's parity verdict; ``message`` is the line it printed."""
 
@@ -142,7 +167,15 @@ class EndRecord(Record):
 
 _TYPES: dict[str, type[Record]] = {
     t.event: t
-    for t in (ConfigRecord, StepRecord, VerdictRecord, FailureRecord, EndRecord, *SCRIPT_RECORDS)
+    for t in (
+        ConfigRecord,
+        StepRecord,
+        PlanRecord,
+        VerdictRecord,
+        FailureRecord,
+        EndRecord,
+        *SCRIPT_RECORDS,
+    )
 }
 
 
@@ -232,6 +265,11 @@ class RankLog:
         """The cap ``bucket_cap_mb="auto"`` chose, on the step that rebuilt the buckets (the
         same on every rank); None when the rank did not choose one."""
         return next((float(r.auto_cap["cap_mb"]) for r in self.steps if r.auto_cap), None)
+
+    @property
+    def plans(self) -> list[PlanRecord]:
+        """``--comm auto``'s decisions, oldest first (the same on every rank)."""
+        return [r for r in self.records if isinstance(r, PlanRecord)]
 
     @property
     def script_steps(self) -> list[ScriptStepRecord]:

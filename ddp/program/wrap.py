@@ -7,12 +7,14 @@ differs in the wrapper alone. ``--sync barrier / none`` trains the bare module.
 
 from __future__ import annotations
 
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from ddp.flight.recorder import FlightRecorder
 from ddp.program.config import TrainConfig
 from ddp.wrapper.buckets import torch_caps, torch_initial_plan
+from ddp.wrapper.comm_auto import AutoComm
 from ddp.wrapper.comm_hooks import register_named_hook
 from ddp.wrapper.distributed import DistributedDataParallel
 from ddp.wrapper.hierarchical import HierarchicalState
@@ -25,8 +27,8 @@ def wrap(
 ) -> tuple[nn.Module, object | None]:
     """``--sync allreduce``: the chosen wrapper, with its comm hook and (ours) a resumed run's
     bucket order, and the state the hook was registered with (``HierarchicalState`` for a
-    two-level allreduce that registered, else None). ``--sync barrier / none``: the module
-    itself (same loop, no averaging)."""
+    two-level allreduce that registered, ``AutoComm`` for torch's DDP under ``--comm auto``,
+    else None). ``--sync barrier / none``: the module itself (same loop, no averaging)."""
     if cfg.sync != "allreduce":
         return module, None
     find_unused = cfg.finds_unused
@@ -35,10 +37,16 @@ def wrap(
         model: nn.Module = TorchDDP(
             module, bucket_cap_mb=cfg.bucket_cap_mb, find_unused_parameters=find_unused
         )
+        if cfg.comm == "auto":  # the hook part: the algorithm, chosen once for torch's cap
+            planner = AutoComm(model, dist.get_world_size())
+            planner.plan_once(module.parameters(), float(cfg.bucket_cap_mb))
+            return model, planner
     else:
+        auto = cfg.comm == "auto"
         model = DistributedDataParallel(
             module,
-            bucket_cap_mb=cfg.bucket_cap_mb,
+            bucket_cap_mb=None if auto else cfg.bucket_cap_mb,
+            comm=cfg.comm,
             overlap=cfg.overlap,
             find_unused_parameters=find_unused,
             flight_recorder=recorder,
@@ -79,6 +87,12 @@ def start_line(cfg: TrainConfig, world: int, model: nn.Module, hook_state: objec
     cap = (
         "auto: chosen at the rebuild" if cfg.bucket_cap_mb == "auto" else f"{cfg.bucket_cap_mb} MB"
     )
+    if isinstance(hook_state, AutoComm):
+        cap = f"{cfg.bucket_cap_mb} MB; --comm auto: the algorithm chosen before training"
+        hook = f", {hook_state.topology.describe()}"
+    elif isinstance(model, DistributedDataParallel) and model.auto_comm is not None:
+        cap = "and algorithm: --comm auto, chosen at the rebuild"
+        hook = f", {model.auto_comm.topology.describe()}"
     return (
         f"{world} ranks, model {cfg.model}, {wrapper} (cap {cap}), "
         f"overlap {'on' if cfg.overlap else 'off'}, {batch}{hook}"

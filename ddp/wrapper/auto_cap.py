@@ -29,6 +29,7 @@ __all__ = [
     "CapChoice",
     "LinkModel",
     "choose_cap",
+    "fill_buckets",
     "fit_link",
     "predict",
 ]
@@ -90,7 +91,7 @@ def fit_link(samples: Sequence[tuple[int, float]], call_cpu_s: float = 0.0) -> L
     return LinkModel(latency_s=latency, bytes_per_s=1.0 / slope, call_cpu_s=call_cpu_s)
 
 
-def _buckets(ready: Sequence[tuple[float, int]], cap_bytes: float) -> list[tuple[float, int]]:
+def fill_buckets(ready: Sequence[tuple[float, int]], cap_bytes: float) -> list[tuple[float, int]]:
     """(ready time, bytes) per bucket: gradients in ready order, a bucket closing once it holds
     ``cap_bytes`` (0: every gradient alone)."""
     out, ready_at, size = [], 0.0, 0
@@ -114,7 +115,7 @@ def predict(ready: Sequence[tuple[float, int]], link: LinkModel, cap_mb: float) 
     CPU time comes on top: it delays the rank whether or not the wire is busy."""
     ends: list[float] = []
     wire = 0.0  # when the link has carried every byte so far
-    buckets = _buckets(sorted(ready), cap_mb * _MB)
+    buckets = fill_buckets(sorted(ready), cap_mb * _MB)
     for ready_at, nbytes in buckets:
         start = max(ready_at, ends[-IN_FLIGHT] if len(ends) >= IN_FLIGHT else 0.0)
         wire = max(wire, start) + nbytes / link.bytes_per_s

@@ -34,7 +34,9 @@ worth reading them, each with what it adds and why torch's DDP needs it:
 8. ``logging_data``: ``_get_ddp_logging_data()`` with torch's keys and sampled timings, for
    tools written against torch's DDP.
 9. ``auto_cap`` and ``auto_tune``: ``bucket_cap_mb='auto'`` (not torch's): time the link at
-   the rebuild and choose the cap from a cost model.
+   the rebuild and choose the cap from a cost model. ``comm_plan``, ``cross_node``, ``replan``
+   and ``comm_auto``: ``comm='auto'``, the cap and the algorithm chosen together, and chosen
+   again when the link changes.
 10. ``comm`` and ``torch_args``: construction: a check that every rank built the same model,
     the coalesced broadcast, the flight recorder's records, and torch's argument checks.
 
@@ -62,6 +64,7 @@ from ddp.wrapper.auto_tune import AutoCap, tune, wants_auto
 from ddp.wrapper.autograd_graph import dist_autograd_context, unreached
 from ddp.wrapper.buckets import torch_caps, torch_initial_plan
 from ddp.wrapper.comm import Recorder, recorded, sync_replicas
+from ddp.wrapper.comm_auto import AutoComm
 from ddp.wrapper.grad_bucket import check_hook_annotations
 from ddp.wrapper.join import DDPJoinHook, before_forward, final_state, ranks_training
 from ddp.wrapper.logging_data import DDPLoggingData
@@ -104,6 +107,12 @@ class DistributedDataParallel(nn.Module, Joinable):
         static_graph: the graph is the same every iteration (see ``static_graph``).
         forward_sync_buffers: torch 2.13's successor of ``broadcast_buffers`` for the forward
             broadcast only (buffers are then always synced at construction).
+        comm (not torch's): ``'default'`` (torch's allreduce) or ``'auto'``: choose the bucket
+            cap and the exact allreduce algorithm (flat ring, or two levels whose cross-node
+            exchange is a ring, a direct exchange or recursive doubling) from measurements at
+            the rebuild, check them against the steps, re-plan when the link changes
+            (``comm_auto``). Registers its own comm hook; needs the default group, the default
+            ``bucket_cap_mb`` and no ``find_unused_parameters``.
         overlap (not torch's): start each bucket's allreduce as soon as it fills, during
             backward; ``False`` reduces every bucket after backward (to measure overlap).
         flight_recorder (not torch's): a ``ddp.flight.recorder.FlightRecorder`` that sees every
@@ -126,6 +135,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
         *,
+        comm: str = "default",
         overlap: bool = True,
         flight_recorder: Recorder | None = None,
         batched_grad_copy: bool = False,
@@ -134,6 +144,7 @@ class DistributedDataParallel(nn.Module, Joinable):
     ) -> None:
         super().__init__()
         Joinable.__init__(self)
+        _check_comm(comm, bucket_cap_mb, find_unused_parameters, process_group)
         self._tune_cap, bucket_cap_mb = wants_auto(bucket_cap_mb, find_unused_parameters)
         self.auto_cap: AutoCap | None = None  # what 'auto' chose, once it has
         check_arguments(
@@ -168,6 +179,9 @@ class DistributedDataParallel(nn.Module, Joinable):
         self._build_reducer()
         if static_graph:
             self._set_static_graph()
+        self.auto_comm: AutoComm | None = None
+        if comm == "auto":  # a collective: every rank learns the layout, builds the groups
+            self.auto_comm = AutoComm(self, dist.get_world_size())
 
     @property
     def broadcast_buffers(self) -> bool:
@@ -320,6 +334,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         """torch's ``reducer._rebuild_buckets()``: once, before a synchronised forward, the
         buckets are re-planned in the order gradients arrived (see ``reducer``), with
         the cap ``bucket_cap_mb='auto'`` chose then (``auto_tune``)."""
+        if getattr(self, "auto_comm", None) is not None:
+            return self._auto_comm_step()
         if not self.reducer.rebuild_due():
             return False
         if self._tune_cap:
@@ -328,6 +344,23 @@ class DistributedDataParallel(nn.Module, Joinable):
         caps = torch_caps(self.bucket_cap_mb) if self._tune_cap else None
         with recorded(self.flight_recorder, "rebuild_buckets", step=self.reducer.step):
             self.reducer.rebuild_buckets(caps)
+        self._logging.on_rebuild(self.reducer)
+        return True
+
+    def _auto_comm_step(self) -> bool:
+        """``comm='auto'``: the planner's turn before a synchronised forward; the buckets are
+        rebuilt (the first plan) or laid out anew (a later one with another cap)."""
+        assert self.auto_comm is not None
+        due = self.reducer.rebuild_due()
+        cap = self.auto_comm.before_forward(self.reducer, self._logging)
+        if cap is None or not (due or cap != self.bucket_cap_mb):
+            return False
+        with recorded(self.flight_recorder, "rebuild_buckets", step=self.reducer.step):
+            if due:
+                self.reducer.rebuild_buckets(torch_caps(cap))
+            else:
+                self.reducer.replan(torch_caps(cap))
+        self.bucket_cap_mb = cap
         self._logging.on_rebuild(self.reducer)
         return True
 
@@ -385,3 +418,21 @@ class DistributedDataParallel(nn.Module, Joinable):
     def num_buckets(self) -> int:
         """Allreduce calls per synchronised backward."""
         return self.reducer.num_buckets
+
+
+def _check_comm(
+    comm: str, bucket_cap_mb: float | str | None, find_unused: bool, group: object
+) -> None:
+    if comm not in ("default", "auto"):
+        raise ValueError(f"comm must be 'default' or 'auto', got {comm!r}")
+    if comm != "auto":
+        return
+    if bucket_cap_mb is not None:
+        raise ValueError("comm='auto' chooses the bucket cap itself: leave bucket_cap_mb unset")
+    if find_unused:
+        raise ValueError(
+            "comm='auto' plans when the buckets are rebuilt, which find_unused_parameters=True "
+            "never does (torch's rule)"
+        )
+    if group is not None and group is not dist.group.WORLD:
+        raise ValueError("comm='auto' runs on the default (world) process group")

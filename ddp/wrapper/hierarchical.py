@@ -4,8 +4,11 @@ gloo's flat ring allreduce takes 2(N-1) steps, and with ranks on several nodes e
 on the slow link between them. Here each node first reduces its gradients to its leader over
 loopback, the M leaders allreduce across nodes (2(M-1) steps on the slow link, one node's sum
 each), and each leader broadcasts the result within its node. Every rank ends with its leader's
-bytes, so replicas stay bitwise identical. ``cross_dtype=torch.float16`` compresses only the
-cross-node leg (the ``hierarchical-fp16`` hook); within a node the sums stay exact.
+bytes, so replicas stay bitwise identical. How the leaders sum is a parameter
+(``cross_algorithm``: gloo's ring, a direct exchange that crosses the link once, or recursive
+doubling; :mod:`ddp.wrapper.cross_node`), and may change between iterations.
+``cross_dtype=torch.float16`` compresses only the cross-node leg (the ``hierarchical-fp16``
+hook); within a node the sums stay exact.
 
 Ordering: the three collectives of a bucket depend on each other, and gloo pairs collectives by
 the order they are issued on each group. Chaining them through future callbacks would issue
@@ -29,6 +32,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from ddp.wrapper.cross_node import fits, start
 from ddp.wrapper.topology import Topology, gather_node_names
 
 __all__ = ["HierarchicalState", "hierarchical_hook", "register_hierarchical"]
@@ -46,6 +50,7 @@ class HierarchicalState:
         topology: Topology,
         *,
         cross_dtype: Optional[torch.dtype] = None,  # noqa: UP045 (evaluated on py3.10)
+        cross_algorithm: str = "ring",
     ) -> None:
         rank = dist.get_rank()
         if topology.world_size != dist.get_world_size():
@@ -53,8 +58,15 @@ class HierarchicalState:
                 f"the topology places {topology.world_size} ranks, the world has "
                 f"{dist.get_world_size()}"
             )
+        if not fits(cross_algorithm, len(topology.leaders)):
+            raise ValueError(
+                f"{cross_algorithm} cannot run among {len(topology.leaders)} node leaders"
+            )
         self.topology = topology
         self.cross_dtype = cross_dtype
+        # read by the issuing thread per bucket; change it only between iterations
+        self.cross_algorithm = cross_algorithm
+        self._sequence = 0  # cross-node exchanges issued: the same count on every leader
         self.local: dist.ProcessGroup | None = None
         for node in topology.nodes:  # same order on every rank: new_group is collective
             group = dist.new_group(list(node)) if len(node) > 1 else None
@@ -102,7 +114,9 @@ class HierarchicalState:
         wire, work = buffer, None
         if self.is_leader:
             wire = buffer if self.cross_dtype is None else buffer.to(self.cross_dtype)
-            work = dist.all_reduce(wire, group=self.cross, async_op=True)
+            leaders = self.topology.leaders
+            work = start(self.cross_algorithm, wire, self.cross, leaders, self._sequence)
+            self._sequence += 1
         return _Leg(buffer, wire, work, fut)
 
     def _finish(self, leg: "_Leg") -> None:
@@ -122,7 +136,7 @@ class _Leg:
 
     buffer: torch.Tensor
     wire: torch.Tensor  # the buffer, or its fp16 copy for the cross-node leg
-    work: Any  # the cross-node allreduce in flight (leaders), else None
+    work: Any  # the cross-node exchange in flight (leaders), else None
     fut: torch.futures.Future
 
 
@@ -139,6 +153,7 @@ def register_hierarchical(
     *,
     cross_dtype: torch.dtype | None = None,
     topology: Topology | None = None,
+    cross_algorithm: str = "ring",
 ) -> HierarchicalState | None:
     """Register the two-level allreduce on ``model`` (ours or torch's DDP), learning the
     topology from every rank's node name unless given. On one node, or with one rank per node,
@@ -152,6 +167,6 @@ def register_hierarchical(
     topology = topology or Topology.from_names(gather_node_names())
     if topology.is_flat:
         return None
-    state = HierarchicalState(topology, cross_dtype=cross_dtype)
+    state = HierarchicalState(topology, cross_dtype=cross_dtype, cross_algorithm=cross_algorithm)
     model.register_comm_hook(state, hierarchical_hook)
     return state

@@ -9,6 +9,7 @@ program.
 from __future__ import annotations
 
 __all__ = [
+    "COMMS",
     "COMM_HOOKS",
     "COMPRESSION_HOOKS",
     "EXACT_HOOKS",
@@ -24,6 +25,9 @@ TOPOLOGY_HOOKS = ("hierarchical", "hierarchical-fp16")
 COMM_HOOKS = COMPRESSION_HOOKS + TOPOLOGY_HOOKS
 # hooks whose average is exact up to the order of float sums: parity is judged, not priced
 EXACT_HOOKS = ("none", "hierarchical")
+# --comm: default = the built-in allreduce (or --comm-hook's); auto = the cap and an exact
+# algorithm chosen from measurements, and chosen again when the link changes (comm_auto)
+COMMS = ("default", "auto")
 # PowerSGD runs a plain allreduce for its first iterations (torch's start_powerSGD_iter) and
 # compresses from step POWERSGD_START_ITER + 1 on; measurements of it must skip those steps.
 POWERSGD_START_ITER = 2

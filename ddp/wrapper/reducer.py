@@ -632,6 +632,12 @@ class Reducer:
         """Whether a rebuild is still to come (it never comes with find_unused_parameters)."""
         return self._rebuild.pending(static=self.static.enabled, find_unused=self._find_unused)
 
+    @property
+    def synced_backwards(self) -> int:
+        """Synchronised backwards finished or (joined) shadowed: the same count on every rank,
+        so a schedule keyed on it issues its collectives at the same step everywhere."""
+        return self._rebuild.synced_backwards
+
     def rebuild_due(self) -> bool:
         """Whether the next synchronised forward rebuilds (the same answer on every rank)."""
         return self._rebuild.due(static=self.static.enabled, find_unused=self._find_unused)
@@ -659,6 +665,14 @@ class Reducer:
         if self._rebuild.done:
             return list(self._rebuild.order)
         return self._rebuild.recorded_order() if self.rebuild_due() else None
+
+    def replan(self, caps: tuple[int, int]) -> None:
+        """Lay the buckets out anew with ``caps``, in the order the rebuild took (not torch's:
+        ``comm='auto'`` re-plans when it learns more or the link changes). Between iterations,
+        on every rank with the same caps; no collective (the order is already shared)."""
+        assert self._rebuild.done and not self._expect_backward, "after the rebuild, between steps"
+        self._rebuild.caps = caps
+        self._adopt_plan(self._rebuild.plan(self._params, self._rebuild.order))
 
     def restore_bucket_order(self, order: Sequence[int]) -> None:
         """Rebuild in a checkpoint's ``bucket_order`` now (before the first forward), as the

@@ -15,6 +15,7 @@ from typing import Protocol
 from ddp.torchfree import EndRecord, TrainConfig
 from lab.engine.client import NodeFailed, RunTimeout
 from lab.engine.cluster import Cluster
+from lab.engine.events import Event
 from lab.engine.job import Job
 from lab.progress import Progress, follow_steps
 
@@ -42,14 +43,23 @@ def train_to_end(
     slow_hint: str,
     echo: Callable[[str], None],
     broken_parity_ok: bool = False,
+    on_event: Callable[[Event], None] | None = None,
 ) -> Job:
     """Run job ``name`` with ``cfg`` on every rank, within ``plan``'s run timeout, and return
     it once every rank finished; raises as :func:`check_finished` does. ``where`` names the job
-    in errors."""
+    in errors; ``on_event`` sees every event after the progress does (e.g. a step record that
+    is the moment to change the link)."""
     timeout_s = plan.run_timeout_s
     shown = Progress(cfg.steps, enabled=plan.progress, echo=echo)
+    follow = follow_steps(shown)
+
+    def followed(event: Event) -> None:
+        follow(event)
+        if on_event is not None:
+            on_event(event)
+
     try:
-        job = cluster.train(name, cfg, timeout_s, echo=follow_steps(shown))
+        job = cluster.train(name, cfg, timeout_s, echo=followed)
         running = job.wait(timeout_s + WAIT_SLACK_S, fail_grace_s=FAIL_GRACE_S)
     finally:
         shown.close()

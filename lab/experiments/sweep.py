@@ -50,12 +50,15 @@ def sweep_cluster(
     lifetime_s: float,
     net_admin: bool = True,
     cpus: Mapping[int, float] | None = None,
+    run_id: str | None = None,
 ) -> Iterator[tuple[Cluster, R]]:
     """The run's cluster, started, and its result (``new_result(plan, run_id, run_dir)``),
-    whose ``seconds`` it sets on the way out; ``header`` is the run's first line."""
+    whose ``seconds`` it sets on the way out; ``header`` is the run's first line. ``run_id``:
+    an earlier cluster's, whose run this one continues (one after the other, never at once)."""
     cluster = Cluster(
         connect(),
         plan.layout,
+        run_id=run_id,
         image=plan.image,
         lifetime_s=lifetime_s,
         net_admin=net_admin,

@@ -9,6 +9,11 @@ Order matters and is kept here so callers cannot get it wrong:
 4. measure again and verify: a shaper that is not doing what was asked stops the run here;
 5. on exit, also after errors: undo node by node in reverse order, then stop the server.
 
+While a job trains (a link changed mid-run, :mod:`lab.shaping.changing`) the baseline is the
+one measured before the job (``baseline``: the link is busy now) and ``strict=False`` records
+what the probe found off (``mismatch``) instead of raising: the job's own traffic shares the
+link, so its round trips are not the idle link's; the rate is then left to the idle check.
+
 Per-node delays (``node_ms``, an asymmetric link: e.g. one slow node) get one shaper per node;
 a round trip between nodes i and j then adds ``d_i + d_j`` with either shaper (netem delays
 what i sends, the delayer what i receives), and the probe runs from the slowest node, so what
@@ -18,8 +23,11 @@ is verified is the link that was made different.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from lab.shaping import probe
 from lab.shaping.base import LinkMismatch, Node
@@ -46,6 +54,8 @@ class ShapingReport:
     udp: dict[str, float] = field(default_factory=dict)  # and shaped
     bulk: dict[str, float] = field(default_factory=dict)  # TCP bulk, shaped
     checks: list[str] = field(default_factory=list)  # one line per verified impairment
+    mismatch: str = ""  # strict=False: what the probe found off ('' when as asked)
+    applied_t: float = 0.0  # wall clock when every node was shaped (before the probe)
 
     @property
     def expected_added_ms(self) -> float:
@@ -102,6 +112,9 @@ def shaped(
     impair: Impairments | None = None,
     udp_count: int = 400,
     judge: bool = True,
+    baseline: Mapping[str, float] | None = None,
+    strict: bool = True,
+    parallel: bool = False,
 ) -> Iterator[ShapingReport]:
     """Shape traffic between ``nodes`` (one-way delay ``ms`` per packet, or ``node_ms[i]`` for
     node i; optional rate), verify, undo.
@@ -111,9 +124,13 @@ def shaped(
     removed again. ``max_seconds`` bounds every background process the shaping starts.
     ``impair`` (jitter, loss, on every node) and ``rate_mbit`` are verified too, each within
     the tolerance :mod:`lab.shaping.probe` states, on UDP echoes and a TCP bulk transfer.
-    ``judge`` False shapes at once (no unshaped baseline first) and measures without judging:
-    a link changed while a job runs (``lab run``'s ``link:`` fault) is probed under that job's
-    traffic, which the echoes queue behind.
+    ``baseline`` (a round trip measured before, when the link is busy now) skips measuring
+    it; ``strict=False`` verifies only the delay and records a mismatch in the report;
+    ``parallel`` shapes every node at once (a thread each), so that a link changed while a job
+    trains changes within one node's few commands. ``judge`` False shapes at once (no
+    unshaped baseline first) and measures without judging: a link changed while a job runs
+    (``lab run``'s ``link:`` fault) is probed under that job's traffic, which the echoes
+    queue behind.
     """
     impair = impair or Impairments()
     node_ms = dict(node_ms or {})
@@ -130,10 +147,13 @@ def shaped(
         # Callbacks run in reverse: the nodes' shaping in reverse order, the server last.
         undo.callback(probe.stop_server, server)
         probe.start_server(server, probe_port, max_seconds, python)
-        if judge:  # unjudged (a job runs): no unshaped gap for a baseline nobody compares to
+        if baseline is not None:
+            report.baseline = dict(baseline)
+        elif judge:  # unjudged (a job runs): no unshaped gap for a baseline nobody compares to
             report.baseline = probe.ping(client, server, probe_port, python, probe_count)
         if impair and judge:
             report.udp_baseline = probe.udp(client, server, probe_port, python, udp_count)
+        todo = []
         for i, (node, delay) in enumerate(zip(nodes, delays, strict=True)):
             if delay == 0 and not rate_mbit and not impair:
                 continue  # nothing to do on this node
@@ -145,22 +165,59 @@ def shaped(
                 max_seconds=max_seconds,
                 impair=impair.for_node(i),
             )
-            peers = [n.address for n in nodes if n is not node]
-            undo.enter_context(impl.applied(node, peers))
+            todo.append((impl, node, [n.address for n in nodes if n is not node]))
+        if parallel:
+            _apply_at_once(todo, undo)
+        else:
+            for impl, node, peers in todo:
+                undo.enter_context(impl.applied(node, peers))
+        report.applied_t = time.time()
         report.measured = probe.ping(client, server, probe_port, python, probe_count)
         if impair and judge:
             rtt = report.expected_added_ms + report.baseline.get("p50_ms", 0)
             wait = 2 * rtt + 8 * impair.round_trip_sd_ms() + 50
             report.udp = probe.udp(client, server, probe_port, python, udp_count, wait)
-        if judge:
-            _verify_delay(report, impair)
-            _verify_more(report, client, server, probe_port, python, udp_count)
-        else:
+        if not judge:
             report.checks.append(
                 "measured under the job's own traffic, which queues with the probe's echoes: "
                 "shown, not judged"
             )
+        else:
+            try:
+                _verify_delay(report, impair)
+                if strict:
+                    _verify_more(report, client, server, probe_port, python, udp_count)
+            except LinkMismatch as e:
+                if strict:
+                    raise
+                report.mismatch = str(e).removeprefix(f"{report.line()}: ")
         yield report
+
+
+def _apply_at_once(todo: Sequence[tuple[Any, Node, list[str]]], undo: contextlib.ExitStack) -> None:
+    """Every ``(shaper, node, peers)`` applied in a thread of its own; each node's undo pushed
+    on ``undo`` once it took effect, and the first failure raised after the others ended (what
+    they applied is undone with the rest)."""
+
+    def apply(impl: Any, node: Node, peers: list[str]) -> contextlib.ExitStack:
+        one = contextlib.ExitStack()
+        try:
+            one.enter_context(impl.applied(node, peers))
+        except BaseException:
+            one.close()
+            raise
+        return one
+
+    with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
+        futures = [pool.submit(apply, *job) for job in todo]
+    failed: BaseException | None = None
+    for future in futures:
+        try:
+            undo.enter_context(future.result())
+        except BaseException as e:
+            failed = failed or e
+    if failed is not None:
+        raise failed
 
 
 def _delays(

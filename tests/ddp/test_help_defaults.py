@@ -115,7 +115,7 @@ def test_help_text_has_no_markup():
             ["--comm-hook", "hierarchical", "--nodes", "3"],
             "--nodes 3 does not divide the world size 4",
         ),
-        (["--nodes", "2"], "add --comm-hook hierarchical (or hierarchical-fp16), or drop --nodes"),
+        (["--nodes", "2"], "add --comm auto or --comm-hook hierarchical (or hierarchical-fp16)"),
         (["--nodes", "0", "--comm-hook", "hierarchical"], "--nodes must be >= 1"),
         (
             ["--bucket-cap-mb", "auto", "--comm-hook", "powersgd"],

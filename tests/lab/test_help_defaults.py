@@ -26,6 +26,8 @@ _DESCRIBED = {"run_timeout", "hosts", "image", "placement"}
 _WHERE = {
     ("up", "nodes"): "layout.nodes",
     ("up", "ranks_per_node"): "layout.ranks_per_node",
+    ("topology", "nodes"): "layout.nodes",
+    ("topology", "ranks_per_node"): "layout.ranks_per_node",
     ("kill", "heartbeat_timeout"): "train.heartbeat_timeout_s",
     ("latency", "overlap"): "overlaps",
     ("compress", "rate_mbit"): "rates",

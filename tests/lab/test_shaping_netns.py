@@ -285,8 +285,11 @@ def _input_rules(netns) -> list[str]:
 
 
 @pytest.mark.timeout(120)
-def test_shaped_applies_verifies_and_undoes(netns, nodes):
-    with link.shaped(nodes, 5.0, "auto", python=sys.executable, max_seconds=60) as report:
+@pytest.mark.parametrize("parallel", [False, True], ids=["node-by-node", "every-node-at-once"])
+def test_shaped_applies_verifies_and_undoes(netns, nodes, parallel):
+    with link.shaped(
+        nodes, 5.0, "auto", python=sys.executable, max_seconds=60, parallel=parallel
+    ) as report:
         rules = _input_rules(netns)
     leftovers = [p.name for p in Path("/tmp").glob(f"lab-shaping-{netns[0][:-1]}*.pid*")]
     print("\n" + report.line())

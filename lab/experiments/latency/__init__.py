@@ -116,6 +116,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "node: 2:20); repeat for several",
     )
     common.add_impairments(p)
+    common.add_link_change(p)
     _add_sweep_arguments(p)
     common.add_warmup(p, 2, " (gloo connection set-up)")
     common.add_rounds(
@@ -189,6 +190,7 @@ def plan(args: argparse.Namespace) -> LatencyPlan:
         cpus=args.cpus,
         phased=phased,
         overlaps=_OVERLAPS[args.overlap],
+        change=common.link_change(args),
     )
 
 

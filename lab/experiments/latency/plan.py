@@ -26,6 +26,7 @@ from lab.experiments.latency.phases import (
     default_phases,
     sweep_configurations,
 )
+from lab.experiments.link_change import ChangePlan
 from lab.shaping.impair import Impairments
 from lab.shaping.registry import CHOICES
 
@@ -108,6 +109,7 @@ class LatencyPlan:
     # the bandwidth-bound phase's, caps unused); False: one phase per delay, every cap on/off.
     phased: bool = False
     overlaps: tuple[bool, ...] = (True, False)  # a single-phase sweep's: every cap with each
+    change: ChangePlan | None = None  # every node's link changes during every job
 
     def __post_init__(self) -> None:
         if not self.ms:
@@ -153,6 +155,13 @@ class LatencyPlan:
             )
         for phase in self.phases():
             check_job(phase.train, self.run_timeout_s, self.nodes, "configuration")
+            if self.change is not None:
+                self.change.check(phase.train.steps, self.warmup)
+        if self.change is not None and (self.impair or self.node_ms):
+            raise ValueError(
+                "--change-at-step changes every node's delay and rate alike; it does not "
+                "combine with --node-ms or the impairments (--jitter-ms, --loss-pct)"
+            )
 
     @property
     def layout(self) -> Layout:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lab.experiments.latency.plan import Configuration, LatencyPlan, Phase
+from lab.experiments.link_change import LinkChange, Recovery
 from lab.experiments.reporting import SweepResult as _Sweep
 
 __all__ = ["ConfigRun", "ConfigStats", "LinkReport", "SweepResult"]
@@ -53,6 +54,8 @@ class ConfigRun:
     parity: bool | None  # None for the floor: replicas drift by design
     seconds: float
     phase: Phase | None = None  # None: a single-phase sweep's run (before phases existed)
+    change: LinkChange | None = None  # --change-at-step: what happened to the link
+    recovery: Recovery | None = None  # and the steps around it
 
     @property
     def phase_key(self) -> str:

@@ -24,6 +24,7 @@ from lab.words import count
 __all__ = [
     "accumulation_line",
     "auto_cap_lines",
+    "change_lines",
     "closing",
     "describe",
     "format_table",
@@ -182,6 +183,33 @@ def format_table(
     return "\n".join(lines)
 
 
+def change_lines(runs: Sequence[ConfigRun]) -> list[str]:
+    """With ``--change-at-step``: per configuration, the steps around the change in every
+    round (the step it took effect at, the medians before and after, the steps to recover;
+    :mod:`lab.experiments.link_change` defines them)."""
+    changed = [r for r in runs if r.change is not None and r.recovery is not None]
+    if not changed:
+        return []
+    first = changed[0].change
+    assert first is not None
+    to = f"{first.to_ms:g} ms" + (f", {first.to_rate_mbit:g} Mbit/s" if first.to_rate_mbit else "")
+    lines = [
+        f"link change to {to} at step {first.asked_step} (steps to recover: from the first "
+        "step on the new link until every step stays within 10% of the median of the last 5):"
+    ]
+    for run in changed:
+        rec = run.recovery
+        assert rec is not None and run.change is not None
+        off = "; probe NOT as asked" if run.change.mismatch else ""
+        recover = "never settled" if rec.steps_to_recover is None else rec.steps_to_recover
+        lines.append(
+            f"  {run.job}: in place from step {rec.effective_step}, median before "
+            f"{_num(rec.before_ms, '.1f')} ms, after {_num(rec.after_ms, '.1f')} ms, steps to "
+            f"recover {recover}{off}"
+        )
+    return lines
+
+
 def closing(summary: LatencySummary) -> Closing:
     """The table and the Gantt pair's bucket timings, then (after the 'took' line and what
     broke) overlap per cap, the auto cap's choice, accumulation's drop and the headline of
@@ -192,6 +220,7 @@ def closing(summary: LatencySummary) -> Closing:
     if gantt.timings:
         table.append(f"per bucket, round 1 at {gantt.ms:g} ms (the Gantt chart's pair):")
         table += [format_timing(timing) for timing in gantt.timings]
+    table += change_lines(summary.result.runs)
     after = []
     for h in summary.headlines:
         after += [overlap_by_cap_line(rows, h.ms), *auto_cap_lines(rows, h.ms)]

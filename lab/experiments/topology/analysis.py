@@ -1,5 +1,7 @@
 """``lab topology``'s figures from the rank logs (``ddp.torchfree.RankLog``) and the sampled
-eth0 counters: one row per configuration, pooled over its rounds, compared with torch's DDP;
+eth0 counters: per layout one row per configuration, pooled over its rounds, compared with
+torch's DDP and with the limit (its network cost); with a link change, each row's steps before
+and after it and how many it took to recover (:func:`lab.experiments.link_change.recovery`).
 :func:`analyse` turns a run's result into the one :class:`TopologySummary` the files, the
 console text and the page are built from. Pure but for reading the collected logs: tested from
 synthetic logs and samples.
@@ -15,13 +17,23 @@ from dataclasses import dataclass
 
 from ddp.torchfree import RankLog, load_run
 from lab.experiments.compress.analysis import job_figures
-from lab.experiments.topology.plan import BASELINE, Configuration
+from lab.experiments.link_change import (
+    RECOVER_LAST,
+    RECOVER_WITHIN,
+    LinkChange,
+    Recovery,
+    StepPoint,
+    recovery,
+    step_points,
+)
+from lab.experiments.topology.plan import BASELINE, LIMIT, Configuration
 from lab.experiments.topology.result import ConfigRun, TopologyResult
 from lab.experiments.topology.wire import Sample, Window, parse_samples, window_bytes
 
 __all__ = [
     "DEFINITIONS",
     "JobFigures",
+    "LayoutRows",
     "Row",
     "TopologySummary",
     "analyse",
@@ -46,8 +58,23 @@ DEFINITIONS = {
         "step records' wall clocks), divided by their number; gradients, per-step gathers and "
         "TCP/IP headers alike"
     ),
-    "buckets": "rank 0's allreduce calls in the last measured step (the auto cap's choice shows)",
-    "speedup vs torch DDP": "torch's median step time divided by this configuration's",
+    "buckets": "rank 0's allreduce calls in the last measured step (comm auto's choice shows)",
+    "limit": (
+        "torch's DDP at the same cap on the bare link (the shaping cleared for it, then "
+        "shaped and verified again), in the same run: what every row's network cost is "
+        "measured from; a row at or under it pays nothing for the shaped link (within the "
+        "host's noise: ours sends fewer bytes than torch's ring on the bridge too)"
+    ),
+    "network ms": "the median step time minus the limit's: what the link costs this row",
+    "net vs torch": "this row's network ms divided by torch DDP's: ours as a fraction of torch's",
+    "vs torch": "the median step time divided by torch DDP's (< 1 is faster)",
+    "vs limit": "the median step time divided by the limit's",
+    "steps to recover": (
+        "with --change-at-step: counted from the first step that started after the new link "
+        "was in place on every node, the steps until every step from there to the end stays "
+        f"within {RECOVER_WITHIN:.0%} of the row's settled level, the median of its last "
+        f"{RECOVER_LAST} steps (0: at once; '-': it never settled); one figure per round"
+    ),
     "max |dparam|": (
         "ddp's verdict figure: the largest parameter difference from the exact single process "
         "over all steps; float rounding for the exact configurations, the price for fp16"
@@ -66,6 +93,9 @@ class JobFigures:
     buckets: int | None
     max_param_diff: float | None
     auto_cap_mb: float | None = None  # bucket_cap_mb="auto": the cap it chose
+    points: tuple[StepPoint, ...] = ()  # every step all ranks logged, warm-up included
+    plans: tuple[dict, ...] = ()  # rank 0's comm auto "plan" records, as written
+    recovery: Recovery | None = None  # the link changed during the job
 
 
 def _measured_span(logs: Logs, warmup: int, where: str) -> tuple[float, float, int]:
@@ -81,7 +111,19 @@ def _measured_span(logs: Logs, warmup: int, where: str) -> tuple[float, float, i
     return start, end, len(steps)
 
 
-def job(logs: Logs, samples: Mapping[int, Sequence[Sample]], warmup: int, where: str) -> JobFigures:
+def _plans(log: RankLog) -> tuple[dict, ...]:
+    """Rank 0's "plan" records (comm auto's choices), as plain dicts: read by event name, so a
+    ddp without them reads as none."""
+    return tuple(dataclasses.asdict(r) for r in log.records if getattr(r, "event", None) == "plan")
+
+
+def job(
+    logs: Logs,
+    samples: Mapping[int, Sequence[Sample]],
+    warmup: int,
+    where: str,
+    change: LinkChange | None = None,
+) -> JobFigures:
     """ValueError naming ``where`` if the logs or samples cannot give the figures."""
     figures = job_figures(logs, warmup, where)  # checks the logs, the complete steps
     start, end, steps = _measured_span(logs, warmup, where)
@@ -89,7 +131,21 @@ def job(logs: Logs, samples: Mapping[int, Sequence[Sample]], warmup: int, where:
     last = [r for r in logs[min(logs)].steps if r.step > warmup]
     buckets = last[-1].num_buckets if last else None
     auto = logs[min(logs)].auto_cap_mb
-    return JobFigures(figures.step_ms, steps, window, buckets, figures.max_param_diff, auto)
+    points = step_points(logs)
+    changed = None
+    if change is not None:
+        changed = recovery(points, change.asked_step, change.applied_t, warmup)
+    return JobFigures(
+        figures.step_ms,
+        steps,
+        window,
+        buckets,
+        figures.max_param_diff,
+        auto,
+        tuple(points),
+        _plans(logs[min(logs)]),
+        changed,
+    )
 
 
 @dataclass(frozen=True)
@@ -108,14 +164,44 @@ class Row:
     speedup_vs_torch: float = math.nan
     step_time_vs_torch: float = math.nan  # the headline's ratio: < 1 is faster
     auto_caps: tuple[float, ...] = ()  # the auto cap's choice, per round
+    layout: str = "2x2"  # Layout.name
+    network_ms: float = math.nan  # median step minus the limit's
+    network_vs_torch: float = math.nan  # network_ms / torch's
+    step_time_vs_limit: float = math.nan
+    # with a link change, per round: the recovery figures (Recovery), and pooled their medians
+    recoveries: tuple[Recovery, ...] = ()
+    plans: tuple[dict, ...] = ()  # comm auto's plan records, rank 0, the last round's
 
     @property
     def title(self) -> str:
-        """How the table names it: torch's DDP, or ours."""
-        return f"{self.label} (flat ring)" if self.config == BASELINE.name else f"ours {self.label}"
+        """How the table names it: torch's DDP, the limit, or ours."""
+        if self.config == BASELINE.name:
+            return f"{self.label} (flat ring)"
+        if self.config == LIMIT.name:
+            return "limit (torch DDP, bare link)"
+        return f"ours {self.label}"
+
+    @property
+    def before_ms(self) -> float:
+        return _median([r.before_ms for r in self.recoveries])
+
+    @property
+    def after_ms(self) -> float:
+        return _median([r.after_ms for r in self.recoveries])
+
+    @property
+    def steps_to_recover(self) -> tuple[int | None, ...]:
+        return tuple(r.steps_to_recover for r in self.recoveries)
 
 
-def make_row(conf: Configuration, jobs: Sequence[JobFigures], parity: bool) -> Row:
+def _median(values: Sequence[float]) -> float:
+    kept = [v for v in values if not math.isnan(v)]
+    return statistics.median(kept) if kept else math.nan
+
+
+def make_row(
+    conf: Configuration, jobs: Sequence[JobFigures], parity: bool, layout: str = "2x2"
+) -> Row:
     windows = [j.window for j in jobs if j.window is not None]
     sampled_steps = sum(j.steps for j in jobs if j.window is not None)
     cross = sum(w.tx for w in windows) / sampled_steps / 1e6 if windows else math.nan
@@ -131,41 +217,68 @@ def make_row(conf: Configuration, jobs: Sequence[JobFigures], parity: bool) -> R
         max(diffs) if diffs else math.nan,
         parity,
         auto_caps=tuple(j.auto_cap_mb for j in jobs if j.auto_cap_mb is not None),
+        layout=layout,
+        recoveries=tuple(j.recovery for j in jobs if j.recovery is not None),
+        plans=jobs[-1].plans,
     )
 
 
 def derive_rows(rows: list[Row]) -> list[Row]:
-    """Fill the comparison with torch's DDP."""
+    """Fill the comparisons of one layout's rows with torch's DDP and with the limit: the
+    ratios of step times, and each row's network cost (its step minus the limit's) with ours
+    as a fraction of torch's."""
     base = next((r for r in rows if r.config == BASELINE.name), None)
-    if base is None:
-        return rows
-    return [
-        dataclasses.replace(
-            r,
-            speedup_vs_torch=base.median_step_ms / r.median_step_ms,
-            step_time_vs_torch=r.median_step_ms / base.median_step_ms,
-        )
-        for r in rows
-    ]
+    limit = next((r for r in rows if r.config == LIMIT.name), None)
+    out = []
+    for r in rows:
+        ch: dict[str, float] = {}
+        if base is not None:
+            ch["speedup_vs_torch"] = base.median_step_ms / r.median_step_ms
+            ch["step_time_vs_torch"] = r.median_step_ms / base.median_step_ms
+        if limit is not None:
+            ch["network_ms"] = r.median_step_ms - limit.median_step_ms
+            ch["step_time_vs_limit"] = r.median_step_ms / limit.median_step_ms
+            if base is not None and base.median_step_ms > limit.median_step_ms:
+                torch_net = base.median_step_ms - limit.median_step_ms
+                ch["network_vs_torch"] = ch["network_ms"] / torch_net
+        out.append(dataclasses.replace(r, **ch))
+    return out
 
 
 def _job(result: TopologyResult, run: ConfigRun) -> JobFigures:
     where = str(result.log_dir(run))
     samples = {n: parse_samples(text, f"{where} node{n}") for n, text in run.counters.items()}
-    return job(load_run(result.log_dir(run)), samples, result.plan.warmup, where)
+    return job(load_run(result.log_dir(run)), samples, result.plan.warmup, where, run.change)
 
 
-def combine_rounds(result: TopologyResult) -> tuple[list[Row], dict[str, JobFigures]]:
-    """One row per configuration, in plan order, its steps pooled over its rounds; and every
-    job's figures by job name."""
+@dataclass(frozen=True)
+class LayoutRows:
+    """One layout's table: ``layout`` (Layout.name), its description and rows in plan order."""
+
+    layout: str
+    title: str
+    rows: list[Row]
+
+    def row(self, config: str) -> Row | None:
+        return next((r for r in self.rows if r.config == config), None)
+
+
+def combine_rounds(result: TopologyResult) -> tuple[list[LayoutRows], dict[str, JobFigures]]:
+    """Per layout, one row per configuration, in plan order, its steps pooled over its rounds;
+    and every job's figures by job name."""
     jobs = {run.job: _job(result, run) for run in result.runs}
-    rows = []
-    for conf in result.plan.configurations:
-        runs = [run for run in result.runs if run.conf == conf.name]
-        if runs:
-            parity = all(run.parity for run in runs)
-            rows.append(make_row(conf, [jobs[run.job] for run in runs], parity))
-    return derive_rows(rows), jobs
+    tables = []
+    for lay in result.plan.layouts:
+        rows = []
+        for conf in result.plan.configurations(lay):
+            runs = [r for r in result.runs if r.conf == conf.name and r.layout == lay.name]
+            if runs:
+                parity = all(run.parity for run in runs)
+                figures = [jobs[run.job] for run in runs]
+                rows.append(make_row(conf, figures, parity, lay.name))
+        if rows:
+            tables.append(LayoutRows(lay.name, lay.describe(), derive_rows(rows)))
+    return tables, jobs
 
 
 @dataclass
@@ -174,17 +287,25 @@ class TopologySummary:
     job name); and the result they came from."""
 
     result: TopologyResult
-    rows: list[Row]
+    layouts: list[LayoutRows]
     jobs: dict[str, JobFigures]
 
     @property
+    def rows(self) -> list[Row]:
+        """Every layout's rows, layout by layout."""
+        return [r for lay in self.layouts for r in lay.rows]
+
+    @property
     def broken(self) -> str:
-        broken = [r.title for r in self.rows if not r.parity]
+        several = len(self.layouts) > 1
+        broken = [
+            f"{r.title}{f' ({r.layout})' if several else ''}" for r in self.rows if not r.parity
+        ]
         return f"parity BROKEN in: {'; '.join(broken)}" if broken else ""
 
 
 def analyse(result: TopologyResult) -> TopologySummary:
     """The run's summary from the collected logs and samples; ValueError if they cannot give
     it."""
-    rows, jobs = combine_rounds(result)
-    return TopologySummary(result, rows, jobs)
+    layouts, jobs = combine_rounds(result)
+    return TopologySummary(result, layouts, jobs)

@@ -1,6 +1,7 @@
-"""``lab topology``'s page: every configuration's step time against torch's DDP as the
-headline, the table (step time, cross-node bytes measured on the link, parity), the figure,
-the verified link and every rank's exit. From the run's summary."""
+"""``lab topology``'s page: the first layout's step times against torch's DDP and the limit as
+the headline, a table per layout (step time, network cost, cross-node bytes measured on the
+link, steps to recover, parity), the figure, every verified link and every rank's exit. From
+the run's summary."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 
 from ddp.torchfree import Section, Table
 from lab.experiments.topology.analysis import TopologySummary
-from lab.experiments.topology.text import headline_line
+from lab.experiments.topology.text import cores_line, headline_line
 from lab.report.common import figures_section
 from lab.report.results import Results, sweep_results
 
@@ -18,10 +19,14 @@ _HEADERS = (
     "configuration",
     "median step ms",
     "per round",
+    "network ms",
+    "net vs torch",
+    "vs torch",
+    "vs limit",
     "cross-node MB/step",
     "buckets",
-    "speedup vs torch",
     "max|dparam|",
+    "recover",
     "parity",
 )
 _FILES = [
@@ -39,41 +44,43 @@ def page(summary: TopologySummary) -> Results:
     """The page and the run's summary.json fields."""
     result = summary.result
     plan = result.plan
-    rows = [
-        [
-            r.label,
-            r.median_step_ms,
-            "/".join(f"{m:.0f}" for m in r.round_step_ms),
-            _cell(r.cross_mb_per_step),
-            _cell(r.buckets),
-            _cell(r.speedup_vs_torch),
-            _cell(r.max_param_diff),
-            "holds" if r.parity else "BROKEN",
-        ]
-        for r in summary.rows
-    ]
-    links = [[lk.shaper, lk.line, lk.note] for lk in result.links]
-    where = f"{plan.layout.describe()}, {plan.link_text} between nodes, model {plan.train.model}"
-    sections = [
-        Section(
-            "Per configuration",
+    tables = []
+    for t in summary.layouts:
+        rows = [
             [
-                Table(
-                    _HEADERS,
-                    rows,
-                    f"{where}; medians over the rounds; "
-                    "cross-node bytes from each node's eth0 counters",
-                )
-            ],
-        ),
+                r.title,
+                r.median_step_ms,
+                "/".join(f"{m:.0f}" for m in r.round_step_ms),
+                _cell(r.network_ms),
+                _cell(r.network_vs_torch),
+                _cell(r.step_time_vs_torch),
+                _cell(r.step_time_vs_limit),
+                _cell(r.cross_mb_per_step),
+                _cell(r.buckets),
+                _cell(r.max_param_diff),
+                "/".join("-" if n is None else str(n) for n in r.steps_to_recover) or "-",
+                "holds" if r.parity else "BROKEN",
+            ]
+            for r in t.rows
+        ]
+        where = f"{t.title}, {plan.link_text} between nodes, model {plan.train.model}"
+        caption = f"{where}, {plan.cap_text}; medians over the rounds; {cores_line(summary)}"
+        tables.append(Table(_HEADERS, rows, caption))
+    links = [[lk.layout, lk.what, lk.shaper, lk.line, lk.note] for lk in result.links]
+    sections = [
+        Section("Per layout and configuration", tables),
         figures_section(result.run_dir, [("topology.png", "step time per configuration")]),
         Section(
             "The link between the nodes, as the probe measured it",
-            [Table(("shaper", "probe", "note"), links)],
+            [Table(("layout", "when", "shaper", "probe", "note"), links)],
         ),
     ]
-    figure = headline_line(summary.rows, plan).split(": ", 1)[-1]
+    lines = [headline_line(t.rows, plan, t.title) for t in summary.layouts]
+    figure = lines[0].split(": ", 1)[-1] if lines else "-"
     headline = (summary.broken, "parity holds in every job", figure)
-    configs = {r.label: r.median_step_ms for r in summary.rows}
+    several = len(summary.layouts) > 1
+    configs = {
+        f"{r.label} ({r.layout})" if several else r.label: r.median_step_ms for r in summary.rows
+    }
     ranks = {r.job: r.codes for r in result.runs}
     return sweep_results("topology", result, sections, ranks, headline, configs, _FILES)
