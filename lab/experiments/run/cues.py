@@ -73,7 +73,10 @@ class Cues:
     # --- the link --------------------------------------------------------------------------
     def _set_link(self, ms: float, rate_mbit: float | None, *, judge: bool = True) -> str:
         self._link.close()
+        # Mid-run (unjudged) every node is re-shaped at once: the job runs on a bare link
+        # between the old shaping's undo and the new one's taking effect.
         kw = {"impair": self.plan.impair, "max_seconds": self.plan.lifetime_s, "judge": judge}
+        kw["parallel"] = not judge
         where = f"at {ms:g} ms"
         report = self._link.enter_context(
             verified_link(self.cluster, where, ms, self.plan.shaper, rate_mbit, **kw)
