@@ -4,10 +4,13 @@ load into an unsharded run), and the combinations it refuses in one line with ex
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from ddp.program.records import load_run
-from tests.helpers import run_ddp
+from tests.helpers import ROOT, run_ddp
 
 
 def _one_line_error(stderr: str) -> str:
@@ -80,3 +83,15 @@ def test_bad_input_is_one_line_exit_2(args, message):
     r = run_ddp("--shard-optimizer", *args, timeout=60)
     assert r.returncode == 2, r.stdout + r.stderr
     assert message in _one_line_error(r.stderr)
+
+
+@pytest.mark.timeout(200)
+def test_the_example_loop_holds_half_the_state_at_2_ranks():
+    r = subprocess.run(
+        [sys.executable, "examples/sharded_optimizer.py", "--world-size", "2", "--steps", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [x for x in r.stdout.splitlines() if x.startswith("rank ")]
+    assert len(lines) == 2 and all("(0.5000x)" in x for x in lines), r.stdout
+    assert len({x.split("parameters ")[1] for x in lines}) == 1  # replicas identical
