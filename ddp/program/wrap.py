@@ -83,7 +83,7 @@ def start_line(cfg: TrainConfig, world: int, model: nn.Module, hook_state: objec
     if k > 1:
         batch = f"global batch {k * cfg.batch_size} ({k} micro-batches of {cfg.batch_size}, "
         batch += f"the first {k - 1} under no_sync)"
-    hook = _hook_text(cfg.comm_hook, hook_state)
+    hook = _hook_text(cfg.comm_hook, hook_state) + _optimizer_text(cfg, world)
     cap = (
         "auto: chosen at the rebuild" if cfg.bucket_cap_mb == "auto" else f"{cfg.bucket_cap_mb} MB"
     )
@@ -105,6 +105,15 @@ def _buckets_text(ddp: DistributedDataParallel) -> str:
     if ddp.reducer.rebuild_pending:
         text += " for step 1, then rebuilt in gradient-ready order"
     return text
+
+
+def _optimizer_text(cfg: TrainConfig, world: int) -> str:
+    name = {"sgd": f"SGD (momentum {cfg.momentum:g})", "adam": "Adam"}[cfg.optimizer]
+    if not cfg.shard_optimizer:
+        return f", {name}"
+    if cfg.wrapper == "torch":
+        return f", {name} sharded over {world} ranks by torch's ZeroRedundancyOptimizer"
+    return f", {name} sharded over {world} ranks (ZeRO-1: reduce-scatter, step, all-gather)"
 
 
 def _hook_text(name: str, state: object | None) -> str:

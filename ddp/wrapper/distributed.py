@@ -39,6 +39,9 @@ worth reading them, each with what it adds and why torch's DDP needs it:
    again when the link changes.
 10. ``comm`` and ``torch_args``: construction: a check that every rank built the same model,
     the coalesced broadcast, the flight recorder's records, and torch's argument checks.
+11. ``zero``: after DDP, ``ShardedOptimizer`` (ZeRO stage 1): the buckets reduce-scattered
+    instead of allreduced, each rank stepping 1/N of the optimizer state, the parameters
+    all-gathered; the same bytes as the allreduce.
 
 Numerics: gloo's ring allreduce sums each segment of a flat buffer starting at a different
 rank, so an element's summation order depends on its position and on the buffer's length. The
@@ -68,7 +71,7 @@ from ddp.wrapper.comm_auto import AutoComm
 from ddp.wrapper.grad_bucket import check_hook_annotations
 from ddp.wrapper.join import DDPJoinHook, before_forward, final_state, ranks_training
 from ddp.wrapper.logging_data import DDPLoggingData
-from ddp.wrapper.reducer import Reducer
+from ddp.wrapper.reducer import _SHARDED_JOIN, Reducer
 from ddp.wrapper.sparse import SparseGrads, split_sparse
 from ddp.wrapper.static_graph import may_set_static_graph, warn_find_unused_with_static_graph
 from ddp.wrapper.torch_args import buffer_sync, check_arguments
@@ -300,6 +303,8 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     def join_hook(self, **kwargs: Any) -> JoinHook:
         """The ``Joinable`` protocol: the hook ``Join`` runs on this rank once it has joined."""
+        if self.reducer.sharded:
+            raise RuntimeError(_SHARDED_JOIN)
         self._divide_by_initial_world_size = kwargs.get("divide_by_initial_world_size", True)
         self._logging.data["join_uneven_inputs"] = 1
         return DDPJoinHook(
