@@ -75,6 +75,7 @@ def test_a_sharded_checkpoint_resumes_bitwise_and_loads_unsharded(tmp_path):
         (["--comm-hook", "fp16"], "--shard-optimizer replaces each bucket's allreduce by a"),
         (["--model", "branchy"], "--shard-optimizer steps every parameter of its shard"),
         (["--bucket-cap-mb", "auto"], "--shard-optimizer fixes the buckets before the first"),
+        (["--comm", "auto"], "and --comm auto re-plans them: drop one of them"),
         (["--sync", "barrier"], "--shard-optimizer shards what the gradient sync averages"),
         (["--optimizer", "lamb"], "argument --optimizer: invalid choice: 'lamb'"),
     ],
