@@ -25,6 +25,7 @@ from torch import nn
 from ddp.flight.recorder import FlightRecorder
 from ddp.program.config import TrainConfig
 from ddp.program.data import ShardSampler, make_dataset
+from ddp.program.memory import optimizer_state_bytes, peak_rss_mib
 from ddp.program.models import build_model, simulate_backward_compute
 from ddp.program.parity import HEADER, ParityReport, StepRow, compression_of
 from ddp.program.records import ConfigRecord, EndRecord, RecordLog, StepRecord, VerdictRecord
@@ -191,9 +192,22 @@ def _check_step(
     everyone = [torch.empty_like(mine) for _ in range(run.world)]
     with run.recorder.record("all_gather", step=step, nbytes=mine.numel() * 8 * run.world):
         dist.all_gather(everyone, mine)
+    memory = {
+        "peak_rss_mib": round(peak_rss_mib(), 1),
+        "optimizer_state_bytes": optimizer_state_bytes(run.opt),
+    }
     run.jlog.write(
         StepRecord(
-            run.rank, step, loss, mine_sum, step_ms, comm_s * 1e3, wall0, **timeline, **extra
+            run.rank,
+            step,
+            loss,
+            mine_sum,
+            step_ms,
+            comm_s * 1e3,
+            wall0,
+            **timeline,
+            **extra,
+            **memory,
         )
     )
     if run.rank != 0:  # shown only with --log-all-ranks
