@@ -30,6 +30,7 @@ __all__ = [
     "FIND_UNUSED",
     "GROUPS",
     "MODEL_NAMES",
+    "OPTIMIZERS",
     "POWERSGD_RANK",
     "POWERSGD_START_ITER",
     "RECOVERY_MODES",
@@ -50,6 +51,7 @@ SYNC_MODES = ("allreduce", "barrier", "none")
 # python -m ddp's local launcher reads (where a launcher puts ranks on real nodes, it decides).
 GROUPS = ("train", "fault", "output", "local")
 WRAPPERS = ("ours", "torch")
+OPTIMIZERS = ("sgd", "adam")
 RECOVERY_MODES = ("restart", "live", "torchft")
 # auto: on for the model that needs it (branchy); true and false: as torch's argument
 FIND_UNUSED = ("auto", "true", "false")
@@ -66,8 +68,20 @@ class TrainConfig:
     model: str = _opt("mini", "model to train", choices=MODEL_NAMES)
     steps: int = _opt(20, "optimizer steps")
     batch_size: int = _opt(64, "global batch, split evenly over the ranks")
-    lr: float = _opt(0.05, "SGD learning rate")
-    momentum: float = _opt(0.9, "SGD momentum")
+    lr: float = _opt(0.05, "learning rate (SGD's and Adam's alike)")
+    momentum: float = _opt(0.9, "SGD momentum (Adam has none: ignored with --optimizer adam)")
+    optimizer: str = _opt(
+        "sgd",
+        "the optimizer every rank and the single-process reference use: sgd (with --momentum) "
+        "or adam (torch's defaults, --lr as given): Adam keeps two tensors per parameter",
+        choices=OPTIMIZERS,
+    )
+    shard_optimizer: bool = _opt(
+        False,
+        "ZeRO stage 1: each rank keeps and steps 1/N of the optimizer state; gradients are "
+        "reduce-scattered per bucket and the updated parameters all-gathered (--wrapper torch: "
+        "torch's DDP with torch's ZeroRedundancyOptimizer)",
+    )
     seed: int = _opt(0, "seed of the initial weights and of the data")
     bucket_cap_mb: float | str = _opt(
         25.0,
@@ -253,6 +267,10 @@ class TrainConfig:
                 "--wrapper torch runs torch's DDP, which always overlaps and has no auto cap: "
                 "drop --no-overlap and --bucket-cap-mb auto, or use --wrapper ours"
             )
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(_bad("optimizer", self.optimizer, f"one of {', '.join(OPTIMIZERS)}"))
+        if self.shard_optimizer:
+            _check_sharding(self)
         for name in ("steps", "batch_size", "accumulate"):
             if getattr(self, name) < 1:
                 raise ValueError(_bad(name, getattr(self, name), ">= 1"))
@@ -351,6 +369,25 @@ class TrainConfig:
             else:
                 argv += [flag_of(f.name), repr(value) if isinstance(value, float) else str(value)]
         return argv
+
+
+def _check_sharding(cfg: TrainConfig) -> None:
+    """What ``--shard-optimizer`` cannot run with, refused with the flag to drop."""
+    if cfg.sync != "allreduce":
+        raise ValueError(
+            f"--shard-optimizer shards what the gradient sync averages: drop --sync {cfg.sync}"
+        )
+    if cfg.wrapper == "ours" and cfg.comm_hook != "none":
+        raise ValueError(
+            f"--shard-optimizer replaces each bucket's allreduce by a reduce-scatter, which "
+            f"--comm-hook {cfg.comm_hook} would have to run instead: drop one of them"
+        )
+    if cfg.wrapper == "ours" and cfg.finds_unused:
+        raise ValueError(
+            "--shard-optimizer steps every parameter of its shard, so a parameter no rank used "
+            "would still move (momentum): use a model without unused parameters, or "
+            "--find-unused-parameters false"
+        )
 
 
 def _bad(name: str, value: Any, want: str) -> str:

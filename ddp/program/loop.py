@@ -27,9 +27,10 @@ from ddp.program.config import TrainConfig
 from ddp.program.data import ShardSampler, make_dataset
 from ddp.program.memory import optimizer_state_bytes, peak_rss_mib
 from ddp.program.models import build_model, simulate_backward_compute
+from ddp.program.optimizer import build_optimizer, full_state_dict
 from ddp.program.parity import HEADER, ParityReport, StepRow, compression_of
 from ddp.program.records import ConfigRecord, EndRecord, RecordLog, StepRecord, VerdictRecord
-from ddp.program.reference import Reference, checksum, max_param_diff, params_sha256, sgd
+from ddp.program.reference import Reference, checksum, max_param_diff, params_sha256
 from ddp.program.resume import agreed_start, restore, save
 from ddp.program.wrap import bucket_count, start_line, wrap
 from ddp.wrapper.auto_cap import MAX_BYTES_PER_S
@@ -82,7 +83,7 @@ def _setup(
     x, y = make_dataset(cfg.seed)
     sampler = ShardSampler(len(x), rank, world, cfg.local_batch(world), cfg.seed)
     module = build_model(cfg.model, cfg.seed)
-    opt = sgd(module, cfg)
+    opt = build_optimizer(module, cfg, sharded=True)
     ref = Reference(cfg, world, len(x)) if rank == 0 and cfg.reference else None
     start = agreed_start(cfg, rank, recorder, module, opt)
     bucket_order = None if start is None else restore(cfg, start, module, opt, ref, recorder)
@@ -120,8 +121,10 @@ def _step(run: _Run, step: int) -> None:
     cfg, opt = run.cfg, run.opt
     if run.ddp is not None:
         run.ddp.reducer.step = step
-    if run.ref is not None and compression_of(cfg.to_dict()) is None:
-        run.ref.anchor(run.module, opt)  # judge this step alone (see ddp.program.reference)
+    if cfg.reference and compression_of(cfg.to_dict()) is None:
+        opt_state = full_state_dict(opt)  # sharded: a collective, the whole state on rank 0
+        if run.ref is not None:  # judge this step alone (see ddp.program.reference)
+            run.ref.anchor(run.module, opt_state)
     wall0, t0 = time.time(), time.perf_counter()
     opt.zero_grad(set_to_none=True)
     losses, k = [], cfg.accumulate
@@ -196,6 +199,10 @@ def _check_step(
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "optimizer_state_bytes": optimizer_state_bytes(run.opt),
     }
+    every = run.cfg.checkpoint_every
+    opt_state = None
+    if every and (step % every == 0 or step == run.cfg.steps):
+        opt_state = full_state_dict(run.opt)  # sharded: a collective, the whole on rank 0
     run.jlog.write(
         StepRecord(
             run.rank,
@@ -223,11 +230,10 @@ def _check_step(
         **extra,
     )
     run.rows.append(row)
-    every = run.cfg.checkpoint_every
-    if every and (step % every == 0 or step == run.cfg.steps):
+    if opt_state is not None:
         # Before the row: whoever sees step K reported may rely on checkpoint K.
         order = run.ddp.bucket_order if run.ddp else None
-        save(run.cfg, step, run.module, run.opt, run.ref, order)
+        save(run.cfg, step, run.module, run.opt, run.ref, order, opt_state)
     log.info(row.format())
 
 

@@ -23,8 +23,9 @@ from torch import nn
 from ddp.program.config import TrainConfig
 from ddp.program.data import ShardSampler, global_batch
 from ddp.program.models import build_model
+from ddp.program.optimizer import build_optimizer
 
-__all__ = ["Reference", "checksum", "max_param_diff", "params_sha256", "sgd"]
+__all__ = ["Reference", "checksum", "max_param_diff", "params_sha256"]
 
 
 @torch.no_grad()
@@ -50,30 +51,27 @@ def max_param_diff(a: nn.Module, b: nn.Module) -> float:
     )
 
 
-def sgd(module: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """The optimizer every run uses (DDP ranks and the reference alike)."""
-    return torch.optim.SGD(module.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-
-
 class Reference:
-    """The single-process run that DDP must equal: same init, same optimizer, global batch."""
+    """The single-process run that DDP must equal: same init, same optimizer (unsharded, the
+    same class and settings), global batch."""
 
     def __init__(self, cfg: TrainConfig, world_size: int, n: int) -> None:
         self.model = build_model(cfg.model, cfg.seed)
-        self.opt = sgd(self.model, cfg)
+        self.opt = build_optimizer(self.model, cfg)
         lb = cfg.local_batch(world_size)
         self.samplers = [ShardSampler(n, r, world_size, lb, cfg.seed) for r in range(world_size)]
         self.accumulate = cfg.accumulate
 
     @torch.no_grad()
-    def anchor(self, module: nn.Module, opt: torch.optim.Optimizer) -> None:
-        """Start the next step from ``module``'s weights and buffers and ``opt``'s state (as
-        copies: the reference's step must not touch DDP's momentum buffers)."""
+    def anchor(self, module: nn.Module, opt_state: dict) -> None:
+        """Start the next step from ``module``'s weights and buffers and the optimizer state
+        ``opt_state`` (a plain optimizer's ``state_dict``: ``ddp.program.optimizer.
+        full_state_dict``), as copies: the reference's step must not touch DDP's momentum."""
         for q, p in zip(self.model.parameters(), module.parameters(), strict=True):
             q.copy_(p)
         for q, p in zip(self.model.buffers(), module.buffers(), strict=True):
             q.copy_(p)
-        self.opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+        self.opt.load_state_dict(copy.deepcopy(opt_state))
 
     def step(self, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
         """One step on the whole global batch of 0-based ``step``: every rank's micro-batches

@@ -110,8 +110,11 @@ def run_fingerprint(cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimi
     layout = [[k, list(v.shape), str(v.dtype)] for k, v in module.state_dict().items()]
     fp: dict[str, Any] = {f: getattr(cfg, f) for f in _FINGERPRINT_FIELDS}
     fp["model_layout"] = hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:16]
-    fp["optimizer"] = type(opt).__name__
-    for name, value in sorted(opt.defaults.items()):
+    # A sharded optimizer (torch's ZeroRedundancyOptimizer, ours) runs a plain one as .optim:
+    # its class and settings are the run's, and its state is saved whole, as a plain one's.
+    inner = getattr(opt, "optim", opt)
+    fp["optimizer"] = type(inner).__name__
+    for name, value in sorted(inner.defaults.items()):
         value = list(value) if isinstance(value, tuple) else value  # e.g. Adam's betas
         if name not in _IMPLEMENTATION and _plain(value):
             fp[name] = value
@@ -297,11 +300,15 @@ def save(
     opt: torch.optim.Optimizer,
     ref: Reference | None,
     bucket_order: list[int] | None = None,
+    opt_state: dict | None = None,
 ) -> None:
     """Rank 0's checkpoint of ``step``, with the run's fingerprint. Replicas are identical, so
     rank 0's state is everyone's; the data position is the step. ``bucket_order``: DDP's, so a
-    resumed run has the same buckets (``ddp.wrapper.reducer``)."""
-    state = {"model": module.state_dict(), "optimizer": opt.state_dict(), "rng": rng_state()}
+    resumed run has the same buckets (``ddp.wrapper.reducer``). ``opt_state``: the whole
+    optimizer state when ``opt`` is sharded (``ddp.program.optimizer.full_state_dict``)."""
+    if opt_state is None:
+        opt_state = opt.state_dict()
+    state = {"model": module.state_dict(), "optimizer": opt_state, "rng": rng_state()}
     if bucket_order is not None:
         state["bucket_order"] = list(bucket_order)
     if ref is not None:

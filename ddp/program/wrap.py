@@ -12,6 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from ddp.flight.recorder import FlightRecorder
 from ddp.program.config import TrainConfig
+from ddp.program.outcome import BadInput
 from ddp.wrapper.buckets import torch_caps, torch_initial_plan
 from ddp.wrapper.comm_hooks import register_named_hook
 from ddp.wrapper.distributed import DistributedDataParallel
@@ -30,6 +31,8 @@ def wrap(
     if cfg.sync != "allreduce":
         return module, None
     find_unused = cfg.finds_unused
+    if cfg.shard_optimizer and cfg.wrapper == "ours":
+        raise BadInput("--shard-optimizer --wrapper ours is not built yet: use --wrapper torch")
     if cfg.wrapper == "torch":
         # torch rebuilds its buckets in its own first backward; a checkpoint's order is ours
         model: nn.Module = TorchDDP(
@@ -75,7 +78,7 @@ def start_line(cfg: TrainConfig, world: int, model: nn.Module, hook_state: objec
     if k > 1:
         batch = f"global batch {k * cfg.batch_size} ({k} micro-batches of {cfg.batch_size}, "
         batch += f"the first {k - 1} under no_sync)"
-    hook = _hook_text(cfg.comm_hook, hook_state)
+    hook = _hook_text(cfg.comm_hook, hook_state) + _optimizer_text(cfg, world)
     cap = (
         "auto: chosen at the rebuild" if cfg.bucket_cap_mb == "auto" else f"{cfg.bucket_cap_mb} MB"
     )
@@ -91,6 +94,15 @@ def _buckets_text(ddp: DistributedDataParallel) -> str:
     if ddp.reducer.rebuild_pending:
         text += " for step 1, then rebuilt in gradient-ready order"
     return text
+
+
+def _optimizer_text(cfg: TrainConfig, world: int) -> str:
+    name = {"sgd": f"SGD (momentum {cfg.momentum:g})", "adam": "Adam"}[cfg.optimizer]
+    if not cfg.shard_optimizer:
+        return f", {name}"
+    if cfg.wrapper == "torch":
+        return f", {name} sharded over {world} ranks by torch's ZeroRedundancyOptimizer"
+    return f", {name} sharded over {world} ranks (ZeRO-1: reduce-scatter, step, all-gather)"
 
 
 def _hook_text(name: str, state: object | None) -> str:

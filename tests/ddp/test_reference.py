@@ -7,12 +7,13 @@ import torch
 from ddp.program.config import TrainConfig
 from ddp.program.data import make_dataset
 from ddp.program.models import build_model
-from ddp.program.reference import Reference, max_param_diff, sgd
+from ddp.program.optimizer import build_optimizer
+from ddp.program.reference import Reference, max_param_diff
 
 
 def _trained(cfg: TrainConfig, steps: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     module = build_model(cfg.model, cfg.seed + 1)  # other weights than the reference's
-    opt = sgd(module, cfg)
+    opt = build_optimizer(module, cfg)
     for _ in range(steps):
         opt.zero_grad()
         module(torch.randn(8, 32)).square().mean().backward()
@@ -25,7 +26,7 @@ def test_anchor_takes_the_weights_and_momentum_as_copies():
     module, opt = _trained(cfg, 3)
     ref = Reference(cfg, 4, 4096)
     assert max_param_diff(module, ref.model) > 0
-    ref.anchor(module, opt)
+    ref.anchor(module, opt.state_dict())
     assert max_param_diff(module, ref.model) == 0
     before = [opt.state[p]["momentum_buffer"].clone() for p in module.parameters()]
     x, y = make_dataset(cfg.seed)

@@ -25,7 +25,7 @@ from ddp.program.checkpoint import (
 )
 from ddp.program.config import TrainConfig
 from ddp.program.models import build_model
-from ddp.program.reference import sgd
+from ddp.program.optimizer import build_optimizer
 from ddp.program.resume import _load, fingerprint_difference, run_fingerprint
 from tests.ddp.test_faults import _end_hash
 from tests.helpers import finish, run_ddp, train_ranks
@@ -34,7 +34,7 @@ from tests.helpers import finish, run_ddp, train_ranks
 def _fingerprint(**changes) -> dict:
     cfg = TrainConfig(**changes)
     module = build_model(cfg.model, cfg.seed)
-    return run_fingerprint(cfg, module, sgd(module, cfg))
+    return run_fingerprint(cfg, module, build_optimizer(module, cfg))
 
 
 def test_the_fingerprint_holds_what_makes_a_state_wrong_and_nothing_else():

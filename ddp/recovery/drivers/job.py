@@ -15,8 +15,8 @@ from torch import nn
 from ddp.program.config import TrainConfig
 from ddp.program.data import make_dataset
 from ddp.program.models import build_model, simulate_backward_compute
+from ddp.program.optimizer import build_optimizer
 from ddp.program.records import RecordLog
-from ddp.program.reference import sgd
 from ddp.recovery.drivers.batches import GlobalBatches
 
 __all__ = ["ReplicaJob", "job_parts"]
@@ -52,6 +52,6 @@ def job_parts(cfg: TrainConfig, replica: int, jlog: RecordLog, started_t: float)
         "y": y,
         "batches": GlobalBatches(len(x), cfg.batch_size, cfg.seed),
         "module": module,
-        "opt": sgd(module, cfg),
+        "opt": build_optimizer(module, cfg),
         "started_t": started_t,
     }

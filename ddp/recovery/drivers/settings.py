@@ -5,7 +5,8 @@ one group or to the disk is refused with the flag to drop: torch's wrapper (the 
 loop reads our wrapper's timings; torch's DDP runs live through ``ddp.recovery.api``, as
 ``examples/recovery_loop.py --wrapper torch`` does), the auto cap (it would re-probe the link in
 every quorum), comm hooks (bound to the group they were registered with), checkpoints and
-resume (healing replaces them), and ``--sync`` other than allreduce (nothing to recover).
+resume (healing replaces them), a sharded optimizer (a heal copies a whole replica), and
+``--sync`` other than allreduce (nothing to recover).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def check_live(cfg: Any) -> None:
         ("--checkpoint-every", cfg.checkpoint_every != 0),
         ("--resume", cfg.resume),
         ("--auto-resume", cfg.auto_resume),
+        ("--shard-optimizer", cfg.shard_optimizer),
     ]
     bad = [flag for flag, hit in refused if hit]
     if bad:

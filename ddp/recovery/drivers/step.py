@@ -123,7 +123,7 @@ def run_step(run: LiveRun) -> None:
         _entered(run)
     step = m.attempting
     if run.ref is not None:
-        run.ref.anchor(run.module, run.opt)
+        run.ref.anchor(run.module, run.opt.state_dict())
     wall0, t0 = time.time(), time.perf_counter()
     run.opt.zero_grad(set_to_none=True)
     k, share = cfg.accumulate, 0.0
