@@ -7,7 +7,10 @@ What is compared, DDP with Adam being 1.00x:
 
 - optimizer state: the bytes of the optimizer's tensors on the rank that holds the most (a
   partition by whole parameters, as torch's ``ZeroRedundancyOptimizer`` makes, is uneven);
-- link bytes: what every node's eth0 sent during the measured steps, summed, per step;
+- link bytes: what every node's eth0 sent during the measured steps, summed, per step. Each
+  step's window runs from its first rank's start to its last rank's end, so what the parity
+  check moves between steps (the whole optimizer state, gathered on rank 0 to start the
+  reference from) is left out: it is the check's, not the training's;
 - step time: per step the slowest rank's ``step_ms`` (everyone waits for it), median.
 """
 
@@ -19,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ddp.torchfree import RankLog, load_run
-from lab.experiments.memory.limit import describe_limits
+from lab.experiments.memory.limit import REFERENCE_NODE, describe_limits
 from lab.experiments.memory.plan import CONFIGS, DDP, LIMITED, SHARDED, TORCH_ZERO
 from lab.experiments.memory.result import JobRun, MemoryResult
 from lab.experiments.topology.wire import parse_samples, window_bytes
@@ -44,7 +47,10 @@ DEFINITIONS = {
         "its launcher, the page cache they read): what a memory limit is held against"
     ),
     "optimizer state": "bytes of the tensors in the optimizer's state (Adam: two per parameter)",
-    "link": "bytes the node's eth0 sent during the measured steps, per step",
+    "link": (
+        "bytes the node's eth0 sent during the measured steps (each from its first rank's "
+        "start to its last rank's end), per step"
+    ),
     "step": "the rank's step_ms, median over the measured steps (warm-up steps left out)",
 }
 _MB = 1e6
@@ -111,20 +117,24 @@ def job_figures(
         raise ValueError(f"{where}: no rank logs")
     steps = _steps(logs, warmup, where)
     measured = {k: [r for r in log.steps if r.step in steps] for k, log in logs.items()}
-    firsts = [r for recs in measured.values() for r in recs if r.step == steps[0]]
-    lasts = [r for recs in measured.values() for r in recs if r.step == steps[-1]]
-    if any(r.t0 is None for r in firsts + lasts):
-        raise ValueError(f"{where}: step records without wall clock (t0): a ddp older than this")
-    start = min(r.t0 for r in firsts)  # type: ignore[type-var]
-    end = max(r.t0 + r.step_ms / 1e3 for r in lasts)  # type: ignore[operator]
+    spans = []
+    for s in steps:
+        recs = [r for rs in measured.values() for r in rs if r.step == s]
+        if any(r.t0 is None for r in recs):
+            raise ValueError(
+                f"{where}: step records without wall clock (t0): a ddp older than this"
+            )
+        spans.append(
+            (min(r.t0 for r in recs), max(r.t0 + r.step_ms / 1e3 for r in recs))  # type: ignore[operator]
+        )
     samples = {n: parse_samples(text, f"{where} node{n}") for n, text in counters.items()}
     rows = []
     for rank in sorted(logs):
         recs = measured[rank]
         link = math.nan
         if rank in samples:
-            window = window_bytes({rank: samples[rank]}, start, end, where)
-            link = window.tx / len(steps) / _MB
+            sent = sum(window_bytes({rank: samples[rank]}, a, b, where).tx for a, b in spans)
+            link = sent / len(steps) / _MB
         state = recs[-1].optimizer_state_bytes
         rss = [r.peak_rss_mib for r in logs[rank].steps if r.peak_rss_mib is not None]
         rows.append(
@@ -204,7 +214,11 @@ class LimitOutcome:
 
     def lines(self) -> list[str]:
         """What happened under the limit, one line per job."""
-        lines = [f"memory limit {describe_limits(self.limits)}, no swap"]
+        limited = ", ".join(f"node{n}" for n in sorted(self.limits))
+        lines = [
+            f"memory limit {describe_limits(self.limits)} on {limited}, no swap (node"
+            f"{REFERENCE_NODE}, which also trains the parity reference, unlimited)"
+        ]
         for label, run in (("DDP + Adam", self.ddp), ("sharded", self.sharded)):
             if run.oom_nodes:
                 where = ", ".join(f"node{n}" for n in run.oom_nodes)

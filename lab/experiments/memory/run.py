@@ -56,8 +56,8 @@ def _job(
         echo=echo,
     )
     with cluster:
-        if limits:
-            for node in cluster.nodes:
+        for node in cluster.nodes:
+            if limits and node.index in limits:
                 set_limit(node.container, limits[node.index])
         since = time.time()
         timeout_s = plan.run_timeout_s
@@ -71,7 +71,7 @@ def _job(
         memory = {
             n.index: NodeMemory(
                 peak_mib(n.container),
-                None if not limits else limits[n.index],
+                (limits or {}).get(n.index),
                 oom_kills(cluster.engines.client(n.index), n.container, since),
             )
             for n in cluster.nodes
