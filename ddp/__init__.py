@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ddp.wrapper.distributed import DistributedDataParallel
+    from ddp.wrapper.zero import ShardedOptimizer
 
-__all__ = ["DistributedDataParallel"]
+__all__ = ["DistributedDataParallel", "ShardedOptimizer"]
 
 
 def __getattr__(name: str) -> Any:
@@ -30,4 +31,8 @@ def __getattr__(name: str) -> Any:
         from ddp.wrapper.distributed import DistributedDataParallel
 
         return DistributedDataParallel
+    if name == "ShardedOptimizer":
+        from ddp.wrapper.zero import ShardedOptimizer
+
+        return ShardedOptimizer
     raise AttributeError(f"module 'ddp' has no attribute {name!r}")

@@ -65,7 +65,7 @@ from ddp.wrapper.comm import Recorder, recorded, sync_replicas
 from ddp.wrapper.grad_bucket import check_hook_annotations
 from ddp.wrapper.join import DDPJoinHook, before_forward, final_state, ranks_training
 from ddp.wrapper.logging_data import DDPLoggingData
-from ddp.wrapper.reducer import Reducer
+from ddp.wrapper.reducer import _SHARDED_JOIN, Reducer
 from ddp.wrapper.sparse import SparseGrads, split_sparse
 from ddp.wrapper.static_graph import may_set_static_graph, warn_find_unused_with_static_graph
 from ddp.wrapper.torch_args import buffer_sync, check_arguments
@@ -286,6 +286,8 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     def join_hook(self, **kwargs: Any) -> JoinHook:
         """The ``Joinable`` protocol: the hook ``Join`` runs on this rank once it has joined."""
+        if self.reducer.sharded:
+            raise RuntimeError(_SHARDED_JOIN)
         self._divide_by_initial_world_size = kwargs.get("divide_by_initial_world_size", True)
         self._logging.data["join_uneven_inputs"] = 1
         return DDPJoinHook(

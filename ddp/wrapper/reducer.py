@@ -84,6 +84,12 @@ from ddp.wrapper.static_graph import StaticGraph
 
 __all__ = ["BucketBuffers", "Reducer"]
 
+_SHARDED_JOIN = (
+    "join() (uneven inputs) is not supported with ShardedOptimizer: a joined rank would also "
+    "have to step its shard and take part in the all-gather; give every rank the same number "
+    "of batches"
+)
+
 
 # ---- what a bucket is ----------------------------------------------------------------------
 
@@ -105,8 +111,15 @@ class BucketBuffers:
 
     @classmethod
     def build(
-        cls, params: Sequence[torch.Tensor], plan: Sequence[BucketSpec], *, counts_in_tail: bool
+        cls,
+        params: Sequence[torch.Tensor],
+        plan: Sequence[BucketSpec],
+        *,
+        counts_in_tail: bool,
+        pad_to: int = 1,
     ) -> BucketBuffers:
+        """``pad_to``: each gradient buffer's length is rounded up to a multiple of it (zeros
+        after the last gradient), so a reduce-scatter cuts it into equal shards."""
         n = len(params)
         where: list[tuple[int, int]] = [(-1, -1)] * n
         views: list[torch.Tensor] = [torch.empty(0)] * n
@@ -120,7 +133,8 @@ class BucketBuffers:
         start = 0
         for b, spec in enumerate(plan):
             tail = len(spec.indices) if counts_in_tail else 0
-            flat = torch.zeros(spec.numel + tail, dtype=spec.dtype, device=spec.device)
+            padded = -(-spec.numel // pad_to) * pad_to
+            flat = torch.zeros(padded + tail, dtype=spec.dtype, device=spec.device)
             offset = 0
             for slot, i in enumerate(spec.indices):
                 p = params[i]
@@ -129,7 +143,7 @@ class BucketBuffers:
                 offset += p.numel()
             flats.append(flat)
             if store is None:
-                flags.append(flat[spec.numel :])
+                flags.append(flat[padded:])
             else:
                 flags.append(store[start : start + len(spec.indices)])
                 start += len(spec.indices)
@@ -260,6 +274,7 @@ class Reducer:
         self.step = -1  # label for the flight recorder; the training loop sets it
         self._hook: Callable | None = None
         self._hook_state: object = None
+        self._shard: Any = None  # ddp.wrapper.zero.ShardedOptimizer, once gradients are sharded
         self.static = StaticGraph(len(self._params))
         self._div = self._world  # what each gradient is pre-divided by (join may lower it)
         self._dist_ctx: int | None = None  # torch.distributed.autograd context, if any
@@ -274,7 +289,7 @@ class Reducer:
         # With gradient_as_bucket_view the gradients live in the buckets anyway.
         self._local_only = self._world == 1 and not self._as_view
         self.output_hook = self._on_output_grad  # one bound method, not one per forward
-        self._set_buffers(BucketBuffers.build(self._params, self._plan, counts_in_tail=True))
+        self._set_buffers(self._layout())
         if self._as_view:
             self._buf.adopt_grads(self._params)
         self._reset_iteration()
@@ -292,6 +307,15 @@ class Reducer:
             acc.register_hook(functools.partial(self._on_grad, i))
             for i, acc in enumerate(self._accumulators)
         ]
+
+    def _layout(self, plan: Sequence[BucketSpec] | None = None) -> BucketBuffers:
+        """Buffers for ``plan`` (default: the current one): counts in the tail unless a hook or
+        the sharding owns the gradient buffers; padded to the world size when sharded."""
+        own = self._hook is None and self._shard is None
+        pad = self._world if self._shard is not None else 1
+        return BucketBuffers.build(
+            self._params, self._plan if plan is None else plan, counts_in_tail=own, pad_to=pad
+        )
 
     def _set_buffers(self, buf: BucketBuffers) -> None:
         self._buf = buf
@@ -464,11 +488,15 @@ class Reducer:
         flat = self._flats[b]
         seq = None
         op = "allreduce" if self._hook is None else "comm_hook"
+        if self._shard is not None:
+            op = "reduce_scatter"
         if self.recorder is not None:
             nbytes = flat.numel() * flat.element_size()
             seq = self.recorder.start(op, step=self.step, bucket=b, nbytes=nbytes)
         self._stamps.launch[b] = time.perf_counter()
-        if self._hook is None:
+        if self._shard is not None:
+            work = self._shard.reduce_scatter(b, flat)
+        elif self._hook is None:
             work = self._pg_obj.allreduce([flat])
         else:
             last = b == len(self._plan) - 1
@@ -478,7 +506,7 @@ class Reducer:
             # to waiting), so the timeline shows how much of it hid behind backward. It needs
             # the GIL on that thread, which can delay the next bucket by a little, so only
             # instrumented runs pay for it.
-            fut = work.get_future() if self._hook is None else work
+            fut = work if self._hook is not None else work.get_future()
             fut.add_done_callback(functools.partial(self._on_done, b, seq))
         return work
 
@@ -537,6 +565,8 @@ class Reducer:
                 assert self._local_only, "every bucket launched a collective"
                 continue
             value = self.wait_work(work)
+            if self._shard is not None:
+                self._shard.reduced(b)
             if self._hook is not None:
                 flat = self._flats[b]
                 result = hook_result(value, b, flat.numel())
@@ -576,6 +606,8 @@ class Reducer:
     @torch.no_grad()
     def _write_back(self, skip: set[int]) -> None:
         if self._local_only:  # the gradients never left .grad (or the context)
+            return
+        if self._shard is not None:  # only the shard's mean exists, and the optimizer has it
             return
         if self._dist_ctx is not None:
             self._write_back_dist_autograd(skip)
@@ -675,9 +707,14 @@ class Reducer:
 
     @torch.no_grad()
     def _adopt_plan(self, plan: Sequence[BucketSpec]) -> None:
+        if self._shard is not None:  # the shards are the optimizer state's layout
+            raise RuntimeError(
+                "the buckets of a sharded wrapper are fixed once ShardedOptimizer is built: "
+                "rebuild or restore the bucket order before building it"
+            )
         self._plan = list(plan)
         self._bucket_params = [[self._params[i] for i in spec.indices] for spec in self._plan]
-        layout = BucketBuffers.build(self._params, self._plan, counts_in_tail=self._hook is None)
+        layout = self._layout()
         self._set_buffers(layout)
         if self._as_view:  # torch too moves every .grad into the new buckets, keeping values
             layout.adopt_grads(self._params)
@@ -700,6 +737,11 @@ class Reducer:
                 "register_comm_hook was called between a forward and its backward; register the "
                 "hook before the training loop (or between iterations)"
             )
+        if self._shard is not None:
+            raise RuntimeError(
+                "the gradients are sharded (ddp.wrapper.ShardedOptimizer reduce-scatters each "
+                "bucket): a comm hook would have to reduce-scatter instead; use one or the other"
+            )
         old = self._views
         self._set_buffers(BucketBuffers.build(self._params, self._plan, counts_in_tail=False))
         if self._as_view:
@@ -716,12 +758,45 @@ class Reducer:
     def has_comm_hook(self) -> bool:
         return self._hook is not None
 
+    def shard_gradients(self, shard: Any) -> None:
+        """ZeRO-1 (``ddp.wrapper.zero``): from now on each bucket is padded to a multiple of the
+        world size and handed to ``shard.reduce_scatter(b, flat)`` when it is ready, instead of
+        the allreduce; after its wait, ``shard.reduced(b)``. ``.grad`` is left as backward
+        produced it: only the shard's mean exists, and only the shard's optimizer reads it."""
+        if self._shard is not None:
+            raise RuntimeError("the gradients are already sharded: one ShardedOptimizer per model")
+        refused = [
+            ("a comm hook", self._hook is not None),
+            ("find_unused_parameters=True", self._find_unused),
+            ("static_graph=True", self.static.enabled),
+            ("gradient_as_bucket_view=True", self._as_view),
+            ("sparse gradients", bool(self._sparse)),
+        ]
+        bad = [what for what, hit in refused if hit]
+        if bad:
+            raise ValueError(
+                f"ShardedOptimizer cannot shard a wrapper with {', '.join(bad)}: every rank "
+                "steps every element of its shard each step, and the buckets are reduce-"
+                "scattered by the sharding itself; construct the wrapper without it"
+            )
+        if self._expect_backward:
+            raise RuntimeError("shard the gradients between iterations, not inside one")
+        self._shard = shard
+        self._local_only = False
+        self._set_buffers(self._layout())
+
+    @property
+    def sharded(self) -> bool:
+        return self._shard is not None
+
     def shadow_backward(self) -> None:
         """The collectives of one synchronised backward with zero gradients, for a rank that
         has run out of inputs under ``join()`` while others still train. With unused-parameter
         detection it keeps reporting the parameters it missed in its own last iteration (all,
         if it never trained), as torch's joined reducer keeps contributing its last used-map:
         so the others' counts, and which .grad they leave untouched, match torch's."""
+        if self._shard is not None:
+            raise RuntimeError(_SHARDED_JOIN)
         shadow = BucketBuffers.build(self._params, self._plan, counts_in_tail=self._hook is None)
         if self._needs_global_counts():
             for i in self.last_local_missing:
@@ -753,6 +828,11 @@ class Reducer:
         self._handles.clear()
 
     # ---- what the reducer reports --------------------------------------------------------------
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        """The parameters the buckets hold, in the order the plan's indices refer to."""
+        return list(self._params)
 
     @property
     def num_buckets(self) -> int:
