@@ -237,3 +237,30 @@ def test_the_table_has_a_row_per_job_and_rank(tmp_path):
     assert table[0].split()[:2] == ["job", "rank"]
     assert len(table) == 1 + 3 * 3  # header; per job two ranks and the job's line
     assert table[1].startswith("DDP + Adam") and "202.0" in table[1]
+
+
+def test_the_report_prints_the_table_publishes_the_page_and_ends_with_the_headline(
+    tmp_path, capsys
+):
+    from lab.report.runs import scan_runs
+
+    result = _result(tmp_path)
+    result.run_dir = tmp_path / result.run_id  # where `lab runs` looks
+    for job in CONFIGS:
+        _write_job(result.run_dir, job.name, 2, [1, 1], [800.0, 700.0])
+    assert memory.report(result) == 0
+    out = capsys.readouterr().out
+    lines = out.strip().splitlines()
+    assert lines[-1].startswith("sharded optimizer at 2 ranks: optimizer state")
+    assert lines[-1].endswith("where DDP+Adam was killed")
+    assert any(line.startswith("DDP + Adam: killed for memory on node1") for line in lines)
+    assert (result.run_dir / "report.html").exists()
+    (entry,) = [e for e in scan_runs(tmp_path) if e.run_id == result.run_id]
+    assert entry.experiment == "memory" and entry.summary.ok
+
+
+def test_a_report_whose_limit_did_not_kill_ddp_exits_1(tmp_path, capsys):
+    result = _result(tmp_path, ddp_killed=False)
+    assert memory.report(result) == 1
+    out = capsys.readouterr().out
+    assert "DDP + Adam was NOT killed for memory under the limit" in out
