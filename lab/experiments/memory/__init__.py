@@ -6,8 +6,8 @@ The same job runs three ways, each in fresh containers, one rank each: our DDP w
 with the optimizer state sharded (each rank keeps Adam's moments for its shard only), and
 torch's DDP with torch's ``ZeroRedundancyOptimizer``. Per rank: the peak memory (the process's
 RSS, the container's high-water mark), the optimizer state's bytes, the bytes on the link per
-step and the step time. Then, under a container memory limit halfway between the sharded run's
-peak and DDP's, both run again: DDP with Adam is killed by the kernel for memory (the engine's
+step and the step time. Then, under a container memory limit between the sharded run's peak and
+DDP's, both run again: DDP with Adam is killed by the kernel for memory (the engine's
 oom event names it), the sharded run finishes with parity.
 """
 
@@ -43,10 +43,10 @@ EPILOG = "\n".join(
     [
         "The table gives, per job and rank:",
         *common.definitions(DEFINITIONS),
-        "The memory limit is chosen per node, halfway between the sharded run's peak and DDP's",
-        "on that node, no swap; --limit-mb sets one limit instead. Node 0 runs unlimited: it",
-        "also trains the parity reference and gathers the whole optimizer state for it before",
-        "every step, so it holds the whole state sharded or not.",
+        "The memory limit is chosen per node, a quarter of the way from the sharded run's",
+        "peak to DDP's on that node, no swap; --limit-mb sets one limit instead. Node 0 runs",
+        "unlimited: it also trains the parity reference and gathers the whole optimizer state",
+        "for it before every step, so it holds the whole state sharded or not.",
         "The closing line is",
         "  sharded optimizer at N ranks: optimizer state X.XXx per rank (torch ZeRO: ...), link",
         "  bytes X.XXx DDP (torch ZeRO: ...), step time X.XXx DDP (torch ZeRO: ...); fits in",
