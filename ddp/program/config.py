@@ -382,6 +382,11 @@ def _check_sharding(cfg: TrainConfig) -> None:
             f"--shard-optimizer replaces each bucket's allreduce by a reduce-scatter, which "
             f"--comm-hook {cfg.comm_hook} would have to run instead: drop one of them"
         )
+    if cfg.wrapper == "ours" and cfg.bucket_cap_mb == "auto":
+        raise ValueError(
+            "--shard-optimizer fixes the buckets before the first step (they are the layout of "
+            "the optimizer state), and --bucket-cap-mb auto chooses them after it: give a number"
+        )
     if cfg.wrapper == "ours" and cfg.finds_unused:
         raise ValueError(
             "--shard-optimizer steps every parameter of its shard, so a parameter no rank used "

@@ -27,7 +27,7 @@ from ddp.program.config import TrainConfig
 from ddp.program.data import ShardSampler, make_dataset
 from ddp.program.memory import optimizer_state_bytes, peak_rss_mib
 from ddp.program.models import build_model, simulate_backward_compute
-from ddp.program.optimizer import build_optimizer, full_state_dict
+from ddp.program.optimizer import build_optimizer, full_state_dict, shard
 from ddp.program.parity import HEADER, ParityReport, StepRow, compression_of
 from ddp.program.records import ConfigRecord, EndRecord, RecordLog, StepRecord, VerdictRecord
 from ddp.program.reference import Reference, checksum, max_param_diff, params_sha256
@@ -91,6 +91,8 @@ def _setup(
         simulate_backward_compute(module, cfg.backward_delay_ms)
     model, hook_state = wrap(cfg, module, recorder, bucket_order)
     ddp = model if isinstance(model, DistributedDataParallel) else None
+    if ddp is not None and cfg.shard_optimizer:  # ZeRO-1 on our buckets: 1/N of the state
+        opt = shard(ddp, cfg, opt)
     run = _Run(
         cfg,
         rank,

@@ -19,8 +19,10 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ddp.program.config import TrainConfig
+from ddp.wrapper.distributed import DistributedDataParallel
+from ddp.wrapper.zero import ShardedOptimizer
 
-__all__ = ["build_optimizer", "full_state_dict", "optimizer_class", "optimizer_kwargs"]
+__all__ = ["build_optimizer", "full_state_dict", "optimizer_class", "optimizer_kwargs", "shard"]
 
 
 def optimizer_class(cfg: TrainConfig) -> type[torch.optim.Optimizer]:
@@ -40,7 +42,7 @@ def build_optimizer(
     """The plain optimizer over ``params`` (a module: its parameters), or with ``sharded`` and
     ``--wrapper torch`` torch's ``ZeroRedundancyOptimizer`` wrapping the same class (needs the
     process group). Our own sharding is built on the wrapper's buckets, after wrapping
-    (``ddp.wrapper.zero``)."""
+    (``shard``)."""
     if isinstance(params, nn.Module):
         params = params.parameters()
     if sharded and cfg.shard_optimizer and cfg.wrapper == "torch":
@@ -57,7 +59,18 @@ def full_state_dict(opt: torch.optim.Optimizer) -> dict[str, Any] | None:
     if isinstance(opt, ZeroRedundancyOptimizer):
         opt.consolidate_state_dict(to=0)
         return opt.state_dict() if dist.get_rank() == 0 else None
-    gather = getattr(opt, "full_state_dict", None)
-    if gather is not None:  # ours (ddp.wrapper.zero.ShardedOptimizer)
-        return gather(to=0)
+    if isinstance(opt, ShardedOptimizer):  # ours: the same contract as torch's
+        opt.consolidate_state_dict(to=0)
+        return opt.state_dict() if dist.get_rank() == 0 else None
     return opt.state_dict()
+
+
+def shard(model: DistributedDataParallel, cfg: TrainConfig, plain: torch.optim.Optimizer) -> Any:
+    """``--shard-optimizer`` on our wrapper: a ``ShardedOptimizer`` of the same class and
+    settings, holding this rank's shard of ``plain``'s state (empty, or a checkpoint's)."""
+    sharded = ShardedOptimizer(model, optimizer_class(cfg), **optimizer_kwargs(cfg))
+    state = plain.state_dict()
+    state["param_groups"][0] = {**state["param_groups"][0], **plain.param_groups[0]}
+    state["param_groups"][0]["params"] = list(range(len(plain.param_groups[0]["params"])))
+    sharded.load_state_dict(state)
+    return sharded

@@ -12,7 +12,6 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from ddp.flight.recorder import FlightRecorder
 from ddp.program.config import TrainConfig
-from ddp.program.outcome import BadInput
 from ddp.wrapper.buckets import torch_caps, torch_initial_plan
 from ddp.wrapper.comm_hooks import register_named_hook
 from ddp.wrapper.distributed import DistributedDataParallel
@@ -31,8 +30,6 @@ def wrap(
     if cfg.sync != "allreduce":
         return module, None
     find_unused = cfg.finds_unused
-    if cfg.shard_optimizer and cfg.wrapper == "ours":
-        raise BadInput("--shard-optimizer --wrapper ours is not built yet: use --wrapper torch")
     if cfg.wrapper == "torch":
         # torch rebuilds its buckets in its own first backward; a checkpoint's order is ours
         model: nn.Module = TorchDDP(

@@ -70,14 +70,26 @@ class _Bucket:
             self.views.append(self.received[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
         self.offsets = [v.storage_offset() - self.received.storage_offset() for v in self.views]
-        with torch.no_grad():
-            flat = torch.zeros(padded, dtype=params[0].dtype, device=params[0].device)
-            for p, off in zip(params, self.offsets, strict=True):
-                flat[off : off + p.numel()].copy_(p.reshape(-1))
-            self.shard = flat[rank * self.size : (rank + 1) * self.size].clone()
+        # The pieces of parameters this rank's shard covers: (parameter, its first element
+        # here, the shard's position of it, how many).
+        lo, hi = rank * self.size, (rank + 1) * self.size
+        self.pieces = []
+        for p, off in zip(params, self.offsets, strict=True):
+            start, end = max(lo, off), min(hi, off + p.numel())
+            if start < end:
+                self.pieces.append((p, start - off, start - lo, end - start))
+        self.shard = torch.zeros(self.size, dtype=params[0].dtype, device=params[0].device)
         self.shard.grad = torch.zeros_like(self.shard)
+        self.take_params()
         self.reduced = False
         self.gather: dist.Work | None = None
+
+    @torch.no_grad()
+    def take_params(self) -> None:
+        """The shard from the parameters as they are now (they may have been loaded or set
+        since the last step): the optimizer steps the model's values, not a stale copy."""
+        for p, first, at, n in self.pieces:
+            self.shard[at : at + n].copy_(p.detach().reshape(-1)[first : first + n])
 
 
 class ShardedOptimizer:
@@ -183,13 +195,13 @@ class ShardedOptimizer:
                 "ShardedOptimizer.step() needs a synchronised backward since the last step "
                 "(outside no_sync()): only it leaves the shard's mean gradient"
             )
+        for b in self._buckets:
+            b.take_params()
         self.optim.step()
         # The first layers' bucket is the last to fill in backward and the first forward needs.
         for b in reversed(self._buckets):
             b.reduced = False
-            b.gather = dist.all_gather_into_tensor(
-                b.received, b.shard, group=self._pg, async_op=True
-            )
+            b.gather = dist.all_gather_single(b.received, b.shard, group=self._pg, async_op=True)
         if not self.overlap_all_gather:
             self.wait()
         return loss
