@@ -222,7 +222,10 @@ class LimitOutcome:
         for label, run in (("DDP + Adam", self.ddp), ("sharded", self.sharded)):
             if run.oom_nodes:
                 where = ", ".join(f"node{n}" for n in run.oom_nodes)
-                codes = ", ".join(f"rank {k} exit {c}" for k, c in sorted(run.codes.items()))
+                codes = ", ".join(
+                    f"rank {k} exit {run.codes[k]}" if k in run.codes else f"rank {k} stopped"
+                    for k in sorted(set(run.codes) | set(run.memory))  # a rank per node
+                )
                 lines.append(
                     f"{label}: killed for memory on {where} (the engine's oom event); {codes}"
                 )

@@ -65,7 +65,10 @@ def _job(
         with sampled(cluster, f"eth0-{name}", timeout_s + _SAMPLER_SLACK_S) as counters:
             try:
                 job = cluster.train(name, cfg, timeout_s, echo=follow_steps(shown))
-                running = job.wait(timeout_s + WAIT_SLACK_S, fail_grace_s=FAIL_GRACE_S)
+                # Under a limit a rank killed for memory is an outcome: its peers get their
+                # collective timeout to notice and say so (gloo may not see the peer go).
+                grace = cfg.collective_timeout_s + FAIL_GRACE_S if limits else FAIL_GRACE_S
+                running = job.wait(timeout_s + WAIT_SLACK_S, fail_grace_s=grace)
             finally:
                 shown.close()
         memory = {
@@ -76,8 +79,11 @@ def _job(
             )
             for n in cluster.nodes
         }
-        if limits and running:
-            raise RunTimeout(f"{name}: ranks {running} still running after {timeout_s:g} s")
+        if limits and running and not any(m.oom_kills for m in memory.values()):
+            raise RunTimeout(
+                f"{name}: ranks {running} still running after {timeout_s:g} s, and no rank was "
+                f"killed for memory; raise --run-timeout ({_SLOW}), or look for a stuck rank"
+            )
         if not limits:
             check_finished(
                 job,
