@@ -37,6 +37,9 @@ worth reading them, each with what it adds and why torch's DDP needs it:
    the rebuild and choose the cap from a cost model.
 10. ``comm`` and ``torch_args``: construction: a check that every rank built the same model,
     the coalesced broadcast, the flight recorder's records, and torch's argument checks.
+11. ``zero``: after DDP, ``ShardedOptimizer`` (ZeRO stage 1): the buckets reduce-scattered
+    instead of allreduced, each rank stepping 1/N of the optimizer state, the parameters
+    all-gathered; the same bytes as the allreduce.
 
 Numerics: gloo's ring allreduce sums each segment of a flat buffer starting at a different
 rank, so an element's summation order depends on its position and on the buffer's length. The
