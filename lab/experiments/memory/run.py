@@ -22,7 +22,7 @@ from lab.engine.cluster import Cluster
 from lab.engine.memory import oom_kills, peak_mib, set_limit
 from lab.engine.specs import new_run_id
 from lab.experiments.followed import FAIL_GRACE_S, WAIT_SLACK_S, check_finished, holds
-from lab.experiments.memory.limit import choose_limits
+from lab.experiments.memory.limit import REFERENCE_NODE, choose_limits
 from lab.experiments.memory.plan import CONFIGS, DDP, LIMITED, SHARDED, MemoryPlan
 from lab.experiments.memory.result import JobRun, MemoryResult, NodeMemory
 from lab.experiments.sweep import lifetime
@@ -142,16 +142,13 @@ def run(plan: MemoryPlan, echo: Callable[[str], None] = print) -> MemoryResult:
             result.limit_error = str(e)
             echo(f"no memory limit: {e}")
             return result
-        echo(
-            "memory limit per node (MiB): "
-            + ", ".join(f"node{n} {v:.0f}" for n, v in sorted(result.limits.items()))
-        )
+        held = ", ".join(f"node{n} {v:.0f}" for n, v in sorted(result.limits.items()))
+        echo(f"memory limit (MiB): {held}; node{REFERENCE_NODE} (the parity reference) unlimited")
         for conf in (DDP, SHARDED):
             name = LIMITED[conf.name]
-            echo(f"job {name}: {conf.label} under the limit")
-            result.jobs[name] = _job(
-                plan, result, name, conf.train(plan.train), result.limits, echo
-            )
+            echo(f"job {name}: {conf.label} under the limit, parity against the reference")
+            cfg = conf.limited(plan.train)
+            result.jobs[name] = _job(plan, result, name, cfg, result.limits, echo)
             echo(_line(result.jobs[name]))
         return result
     finally:
