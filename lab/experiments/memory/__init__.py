@@ -1,14 +1,14 @@
-"""``python -m lab memory``: sharding the optimizer state (ZeRO stage 1) divides what every
-rank holds, moves the bytes DDP moves, and lets a job fit where DDP with Adam is killed for
-memory.
+"""``python -m lab memory``: sharding the optimizer state (ZeRO stage 1) divides the state every
+rank holds and moves the bytes DDP moves; whether that lets a job fit where DDP with Adam is
+killed for memory is what the limited jobs measure.
 
 The same job runs three ways, each in fresh containers, one rank each: our DDP with Adam, ours
 with the optimizer state sharded (each rank keeps Adam's moments for its shard only), and
 torch's DDP with torch's ``ZeroRedundancyOptimizer``. Per rank: the peak memory (the process's
 RSS, the container's high-water mark), the optimizer state's bytes, the bytes on the link per
 step and the step time. Then, under a container memory limit between the sharded run's peak and
-DDP's, both run again: DDP with Adam is killed by the kernel for memory (the engine's
-oom event names it), the sharded run finishes with parity.
+DDP's, both run again: DDP with Adam should be killed by the kernel for memory (the engine's
+oom event names it) and the sharded run finish with parity against the single process.
 """
 
 from __future__ import annotations
