@@ -190,6 +190,7 @@ class ShardedOptimizer:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self.wait()
         if not all(b.reduced for b in self._buckets):
             raise RuntimeError(
                 "ShardedOptimizer.step() needs a synchronised backward since the last step "

@@ -172,6 +172,23 @@ def _resume_bitwise(rank: int, world: int) -> None:
     plain.load_state_dict(saved[0])  # a sharded checkpoint is a plain optimizer's
 
 
+def _overlapped_all_gather(rank: int, world: int) -> None:
+    """overlap_all_gather: step() returns with the all-gathers in flight, the next forward waits
+    for them; bitwise the run that waits in step()."""
+    model, opt = _sharded(0.0001, ADAM)
+    for step in range(4):
+        _step(model, opt, rank, world, step)
+    waited = [p.detach().clone() for p in model.module.parameters()]
+    model = DistributedDataParallel(_model(), bucket_cap_mb=0.0001)
+    opt = ShardedOptimizer(model, torch.optim.Adam, overlap_all_gather=True, **ADAM[1])
+    for step in range(4):
+        _step(model, opt, rank, world, step)
+    opt.wait()
+    for p, q in zip(model.module.parameters(), waited, strict=True):
+        assert torch.equal(p, q)
+    _assert_replicas_identical(model.module, world, "overlapped")
+
+
 def _refusals(rank: int, world: int) -> None:
     model, opt = _sharded(25.0, SGD)
     with pytest.raises(RuntimeError, match=r"join\(\) .* not supported with ShardedOptimizer"):
@@ -219,6 +236,7 @@ CASES = {
     "uneven_buckets": _uneven_buckets,
     "no_sync": _no_sync,
     "resume_bitwise": _resume_bitwise,
+    "overlapped_all_gather": _overlapped_all_gather,
     "refusals": _refusals,
     "vs_torch_zero_sgd": _vs_torch_zero(SGD),
     "vs_torch_zero_adam": _vs_torch_zero(ADAM),
