@@ -30,6 +30,7 @@ examples:
   python -m lab kill --rank 2 --at-step 5 --mode pause
   python -m lab straggler --quick                   # one slow rank makes every step slow
   python -m lab topology --quick                    # 2 nodes x 2 ranks: flat ring vs two levels
+  python -m lab memory --quick                      # sharded Adam fits where DDP's is killed
   python -m lab run --nodes 2 --ranks-per-node 2 --ms 5 -- python train.py   # your own script
   python -m lab parity runs/<run-id>
   python -m lab down

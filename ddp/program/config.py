@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 # ddp.program.models.MODELS has exactly these keys
-MODEL_NAMES = ("mini", "deep", "branchy", "conv", "tower")
+MODEL_NAMES = ("mini", "deep", "branchy", "conv", "tower", "wide")
 # allreduce: DDP. barrier: dist.barrier() instead of allreduce (replicas drift: the demo of
 # why). none: no communication at all, the floor that "exposed communication" is measured from.
 SYNC_MODES = ("allreduce", "barrier", "none")

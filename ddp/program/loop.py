@@ -25,6 +25,7 @@ from torch import nn
 from ddp.flight.recorder import FlightRecorder
 from ddp.program.config import TrainConfig
 from ddp.program.data import ShardSampler, make_dataset
+from ddp.program.memory import optimizer_state_bytes, peak_rss_mib
 from ddp.program.models import build_model, simulate_backward_compute
 from ddp.program.optimizer import build_optimizer, full_state_dict, shard
 from ddp.program.parity import HEADER, ParityReport, StepRow, compression_of
@@ -208,13 +209,26 @@ def _check_step(
     everyone = [torch.empty_like(mine) for _ in range(run.world)]
     with run.recorder.record("all_gather", step=step, nbytes=mine.numel() * 8 * run.world):
         dist.all_gather(everyone, mine)
+    memory = {
+        "peak_rss_mib": round(peak_rss_mib(), 1),
+        "optimizer_state_bytes": optimizer_state_bytes(run.opt),
+    }
     every = run.cfg.checkpoint_every
     opt_state = None
     if every and (step % every == 0 or step == run.cfg.steps):
         opt_state = full_state_dict(run.opt)  # sharded: a collective, the whole on rank 0
     run.jlog.write(
         StepRecord(
-            run.rank, step, loss, mine_sum, step_ms, comm_s * 1e3, wall0, **timeline, **extra
+            run.rank,
+            step,
+            loss,
+            mine_sum,
+            step_ms,
+            comm_s * 1e3,
+            wall0,
+            **timeline,
+            **extra,
+            **memory,
         )
     )
     if run.rank != 0:  # shown only with --log-all-ranks

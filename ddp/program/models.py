@@ -32,6 +32,7 @@ __all__ = [
     "DeepMLP",
     "MiniMLP",
     "TowerNet",
+    "WideMLP",
     "build_model",
     "simulate_backward_compute",
 ]
@@ -121,12 +122,20 @@ class BranchyMLP(nn.Module):
         return self.head(h)
 
 
+class WideMLP(DeepMLP):
+    """``DeepMLP`` with 8 layers of 2048: a few large tensors, 101 MB of parameters."""
+
+    def __init__(self, depth: int = 8, hidden: int = 2048) -> None:
+        super().__init__(depth=depth, hidden=hidden)
+
+
 MODELS = {
     "mini": MiniMLP,
     "deep": DeepMLP,
     "branchy": BranchyMLP,
     "conv": ConvNet,
     "tower": TowerNet,
+    "wide": WideMLP,
 }
 # The configuration names the models without importing torch; the two lists must agree.
 assert tuple(MODELS) == MODEL_NAMES, (tuple(MODELS), MODEL_NAMES)

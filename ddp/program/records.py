@@ -113,6 +113,11 @@ class StepRecord(Record):
     # --bucket-cap-mb auto, on the step whose forward rebuilt the buckets: the cap chosen, the
     # fitted link and each candidate's predicted communication (ddp.wrapper.auto_tune)
     auto_cap: dict[str, Any] | None = None
+    # What the rank holds after this step (ddp.program.memory): its process's peak resident
+    # set so far, and the bytes of its optimizer's state (its shard's, when sharded). None
+    # from writers older than these fields.
+    peak_rss_mib: float | None = None
+    optimizer_state_bytes: int | None = None
 
 
 @dataclass

@@ -21,4 +21,4 @@ from __future__ import annotations
 __all__ = ["EXPERIMENTS"]
 
 # lab.experiments.<name>
-EXPERIMENTS = ("up", "latency", "kill", "straggler", "compress", "topology", "run")
+EXPERIMENTS = ("up", "latency", "kill", "straggler", "compress", "topology", "memory", "run")

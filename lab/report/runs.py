@@ -19,6 +19,7 @@ _MARKERS = {
     "latency.json": "latency",
     "straggler.json": "straggler",
     "compress.json": "compress",
+    "memory.json": "memory",
     "report.json": "kill",
     "topology.yaml": "up",
     "bench.json": "ddp.bench",

@@ -83,6 +83,12 @@ _REFUSED = [
     ("latency --node-ms 2", "--node-ms: expected NODE:MS"),
     ("latency --node-ms 9:1", "--node-ms names nodes [9]"),
     ("latency --node-ms 1:1 --node-ms 1:2", "--node-ms names nodes [1, 1]"),
+    # lab memory
+    ("memory --nodes 1", "argument --nodes: expected an integer >= 2"),
+    ("memory --nodes 3", "--batch-size 64 is not divisible by the world size 3"),
+    ("memory --limit-mb 0", "argument --limit-mb: expected a finite number > 0"),
+    ("memory --no-limit --limit-mb 500", "--limit-mb sets the limit of the runs --no-limit"),
+    ("memory --steps 1", "--steps must exceed the 1 warm-up"),
     # lab straggler
     ("straggler --slowdown 0.5", "--slowdown: expected a finite number >= 1, got '0.5'"),
     ("straggler --cpus 0", "--cpus: expected a finite number > 0"),

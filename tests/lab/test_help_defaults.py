@@ -47,6 +47,7 @@ CASES = [
     ("compress", [], ""),
     ("straggler", [], ""),
     ("topology", [], ""),
+    ("memory", [], ""),
     ("kill", ["--mode", "kill", "--rank", "1", "--at-step", "3"], ""),
     ("kill", ["--mode", "kill", "--rank", "1", "--at-step", "3", "--launcher", "torchrun"], ""),
     ("kill", ["--mode", "kill", "--rank", "1", "--at-step", "3", "--recovery", "live"], "live"),
