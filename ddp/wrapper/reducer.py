@@ -464,6 +464,8 @@ class Reducer:
             torch.mul(grad, 1.0 / self._div, out=view)
             if self._as_view and self._dist_ctx is None:
                 self._params[i].grad = view
+            elif self._shard is not None:  # the bucket holds it now (ddp.wrapper.zero)
+                self._params[i].grad = None
         self._ready[i] = True
         self._pending[b] -= 1
         if self._pending[b] == 0:
@@ -506,7 +508,7 @@ class Reducer:
             # to waiting), so the timeline shows how much of it hid behind backward. It needs
             # the GIL on that thread, which can delay the next bucket by a little, so only
             # instrumented runs pay for it.
-            fut = work if self._hook is not None else work.get_future()
+            fut = work.get_future() if hasattr(work, "get_future") else work  # Work or Future
             fut.add_done_callback(functools.partial(self._on_done, b, seq))
         return work
 
@@ -772,11 +774,14 @@ class Reducer:
     def has_comm_hook(self) -> bool:
         return self._hook is not None
 
-    def shard_gradients(self, shard: Any) -> None:
+    def shard_gradients(self, shard: Any) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
         """ZeRO-1 (``ddp.wrapper.zero``): from now on each bucket is padded to a multiple of the
         world size and handed to ``shard.reduce_scatter(b, flat)`` when it is ready, instead of
-        the allreduce; after its wait, ``shard.reduced(b)``. ``.grad`` is left as backward
-        produced it: only the shard's mean exists, and only the shard's optimizer reads it."""
+        the allreduce; after its wait, ``shard.reduced(b)``. A synchronised backward releases
+        ``.grad`` once its bucket holds it: only the shard's mean exists, and only the shard's
+        optimizer reads it. Returns every bucket's flat buffer and its parameters' views into
+        it, in plan order: the sharding reuses them between a reduce-scatter and the next
+        backward."""
         if self._shard is not None:
             raise RuntimeError("the gradients are already sharded: one ShardedOptimizer per model")
         refused = [
@@ -798,6 +803,10 @@ class Reducer:
         self._shard = shard
         self._local_only = False
         self._set_buffers(self._layout())
+        return [
+            (flat, [self._views[i] for i in spec.indices])
+            for flat, spec in zip(self._flats, self._plan, strict=True)
+        ]
 
     @property
     def sharded(self) -> bool:

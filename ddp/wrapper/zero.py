@@ -31,8 +31,12 @@ What it costs the wrapper: the buckets are fixed once this is built (they are th
 state's layout; moving state between layouts would be a collective of the whole state), so the
 one rebuild torch's DDP makes after its first backward is made at construction, in reverse
 registration order (the order backward produces a model's gradients when its layers run in
-the order they are registered). ``.grad`` is left as backward produced it, this rank's own
-gradient: the mean exists only for the shard, inside the optimizer. ``join()`` (a joined rank
+the order they are registered). ``.grad`` is released once a synchronised backward copied it
+into its bucket (under ``no_sync()`` it accumulates as usual): the mean exists only for the
+shard, inside the optimizer, and keeping this rank's own gradient would cost a model's worth
+of memory, which is what sharding is for. The all-gather lands in the buckets' gradient
+buffers, free once their reduce-scatter ended, so receiving costs no second copy of the
+model either. ``join()`` (a joined rank
 would have to step its shard and gather), comm hooks, ``find_unused_parameters``,
 ``static_graph``, ``gradient_as_bucket_view`` and sparse gradients are refused.
 
@@ -56,20 +60,30 @@ __all__ = ["ShardedOptimizer"]
 
 
 class _Bucket:
-    """One bucket's shard: the layout of its flat buffer, this rank's piece of the parameters
-    (what the optimizer steps, its ``.grad`` the piece's mean gradient), and the buffer that
-    receives the all-to-all and then the all-gathered parameters."""
+    """One bucket's shard: the reducer's flat buffer for it (the gradients during backward, the
+    all-gathered parameters after the step) and its parameter views, this rank's piece of the
+    parameters (what the optimizer steps, its ``.grad`` the piece's mean gradient), and while a
+    reduce-scatter runs the buffer that receives it.
 
-    def __init__(self, params: list[torch.nn.Parameter], numel: int, world: int, rank: int) -> None:
+    Memory, with P the model's bytes: the parameters and the flat buffers (P each), the shard,
+    its gradient and the optimizer state (P/N each for Adam's two moments), and a bucket's
+    receive buffer while its reduce-scatter runs. ``.grad`` is released once copied into its
+    bucket. Unsharded DDP holds 5P with Adam (parameters, ``.grad``, buffers, two moments)."""
+
+    def __init__(
+        self,
+        params: list[torch.nn.Parameter],
+        flat: torch.Tensor,
+        views: list[torch.Tensor],
+        world: int,
+        rank: int,
+    ) -> None:
         self.params = params
-        padded = -(-numel // world) * world
-        self.size = padded // world  # elements per rank
-        self.received = torch.empty(padded, dtype=params[0].dtype, device=params[0].device)
-        self.views, offset = [], 0
-        for p in params:
-            self.views.append(self.received[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
-        self.offsets = [v.storage_offset() - self.received.storage_offset() for v in self.views]
+        self.flat, self.views = flat, views
+        assert flat.numel() % world == 0, "the reducer pads sharded buckets to the world size"
+        self.size = flat.numel() // world  # elements per rank
+        self.offsets = [v.storage_offset() - flat.storage_offset() for v in views]
+        self.received: torch.Tensor | None = None  # only while its reduce-scatter runs
         # The pieces of parameters this rank's shard covers: (parameter, its first element
         # here, the shard's position of it, how many).
         lo, hi = rank * self.size, (rank + 1) * self.size
@@ -129,9 +143,10 @@ class ShardedOptimizer:
             order = model.bucket_order or list(reversed(range(len(reducer.params))))
             model.restore_bucket_order(order)
         params = reducer.params
+        buffers = reducer.shard_gradients(self)
         self._buckets = [
-            _Bucket([params[i] for i in spec.indices], spec.numel, self.world, self.rank)
-            for spec in reducer.plan
+            _Bucket([params[i] for i in spec.indices], flat, views, self.world, self.rank)
+            for spec, (flat, views) in zip(reducer.plan, buffers, strict=True)
         ]
         every = list(model.module.parameters())
         position = {id(p): k for k, p in enumerate(every)}
@@ -139,7 +154,6 @@ class ShardedOptimizer:
         self._num_module_params = len(every)
         self.optim = optimizer_class([b.shard for b in self._buckets], **defaults)
         self._consolidated: dict[str, Any] | None = None
-        reducer.shard_gradients(self)
         self._handle = model.register_forward_pre_hook(self._before_forward)
 
     # ---- what the reducer calls, bucket by bucket ----------------------------------------------
@@ -148,13 +162,25 @@ class ShardedOptimizer:
         """Bucket b's gradients are in ``flat`` (each already divided by N): piece j goes to
         rank j, and piece ``rank`` of every rank's arrives in ``received``."""
         bucket = self._buckets[b]
-        return dist.all_to_all_single(bucket.received, flat, group=self._pg, async_op=True)
+        bucket.received = torch.empty_like(flat)
+        work = dist.all_to_all_single(bucket.received, flat, group=self._pg, async_op=True)
+        # Summed on gloo's thread as soon as the pieces land, so a receive buffer lives only
+        # while its bucket is in flight, not until the end of backward.
+        return work.get_future().then(lambda fut: self._sum(b, fut))
 
-    def reduced(self, b: int) -> None:
-        """Bucket b's all-to-all is done: the sum of the N pieces is the shard's mean."""
+    @torch.no_grad()
+    def _sum(self, b: int, fut: torch.futures.Future) -> None:
+        fut.value()  # a failed all-to-all fails the bucket
         bucket = self._buckets[b]
+        assert bucket.received is not None, "the sum follows its reduce_scatter()"
         pieces = bucket.received.view(self.world, bucket.size)
         torch.sum(pieces, dim=0, out=bucket.shard.grad)
+        bucket.received = None
+
+    def reduced(self, b: int) -> None:
+        """Bucket b's reduce-scatter was waited for: the shard's mean gradient is in place."""
+        bucket = self._buckets[b]
+        assert bucket.received is None, "the sum ran before the wait returned"
         bucket.reduced = True
 
     # ---- the optimizer ----------------------------------------------------------------------
@@ -202,7 +228,9 @@ class ShardedOptimizer:
         # The first layers' bucket is the last to fill in backward and the first forward needs.
         for b in reversed(self._buckets):
             b.reduced = False
-            b.gather = dist.all_gather_single(b.received, b.shard, group=self._pg, async_op=True)
+            # Into the bucket's gradient buffer: its gradients were reduce-scattered, and the
+            # next synchronised backward overwrites it only after the forward that waits.
+            b.gather = dist.all_gather_single(b.flat, b.shard, group=self._pg, async_op=True)
         if not self.overlap_all_gather:
             self.wait()
         return loss
@@ -289,7 +317,7 @@ class ShardedOptimizer:
                 if not (isinstance(first, torch.Tensor) and first.dim() > 0):
                     shard[key] = first.clone() if isinstance(first, torch.Tensor) else first
                     continue
-                flat = torch.zeros(bucket.received.numel(), dtype=first.dtype)
+                flat = torch.zeros(bucket.flat.numel(), dtype=first.dtype)
                 for s, p, off in zip(states, bucket.params, bucket.offsets, strict=True):
                     flat[off : off + p.numel()].copy_(s[key].reshape(-1))
                 shard[key] = flat[lo : lo + bucket.size].clone()
