@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ddp.flight.diagnosis import diagnose
+from ddp.torchfree import diagnose
 
 __all__ = ["FACTOR", "FLOOR_S", "HangWatch", "Where", "explain", "where_from_pyspy"]
 

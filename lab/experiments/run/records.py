@@ -6,8 +6,7 @@ parameters' digest (``script_end``); our own wrapper's ``python -m ddp`` records
 
 from __future__ import annotations
 
-from ddp.instrument.records import ScriptEndRecord, ScriptStepRecord
-from ddp.torchfree import EndRecord, Record, StepRecord
+from ddp.torchfree import EndRecord, Record, ScriptEndRecord, ScriptStepRecord, StepRecord
 from lab.experiments.run.result import StepSeen
 
 __all__ = ["digest_of", "step_of"]

@@ -22,9 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ddp.flight.dumps import load_dumps
-from ddp.instrument.env import instrument_environment, site_dir
-from ddp.torchfree import LogError, load_run
+from ddp.torchfree import LogError, instrument_environment, load_dumps, load_run, site_dir
 from lab.engine.client import GONE, connect
 from lab.engine.cluster import Cluster
 from lab.engine.events import Event, ExitEvent, LineEvent, RecordEvent
