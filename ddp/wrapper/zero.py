@@ -266,15 +266,11 @@ class ShardedOptimizer:
                     for d in per_param:
                         d[key] = value.clone() if isinstance(value, torch.Tensor) else value
                     continue
-                pieces = [torch.empty_like(value) for _ in range(self.world)]
-                dist.gather(
-                    value,
-                    pieces if self.rank == to else None,
-                    group=self._pg,
-                    group_dst=to,
-                )
-                if self.rank != to:
+                if self.rank != to:  # only the receiver holds the whole: the others send
+                    dist.gather(value, None, group=self._pg, group_dst=to)
                     continue
+                pieces = [torch.empty_like(value) for _ in range(self.world)]
+                dist.gather(value, pieces, group=self._pg, group_dst=to)
                 flat = torch.cat(pieces)
                 for d, p, off in zip(per_param, bucket.params, bucket.offsets, strict=True):
                     d[key] = flat[off : off + p.numel()].view_as(p).clone()

@@ -75,10 +75,10 @@ def test_quick_mode_is_short_and_flags_reach_the_plan():
 # --- the limit ------------------------------------------------------------------------------
 
 
-def test_the_limit_is_a_quarter_up_from_the_sharded_peak_and_node0_runs_unlimited():
+def test_the_limit_is_halfway_up_from_the_sharded_peak_and_node0_runs_unlimited():
     ddp = {0: 2000.0, 1: 1000.0, 2: 1011.0}
     sharded = {0: 2050.0, 1: 800.0, 2: 799.0}
-    assert choose_limits(ddp, sharded) == {1: 850.0, 2: 852.0}
+    assert choose_limits(ddp, sharded) == {1: 900.0, 2: 905.0}
     assert choose_limits(ddp, sharded, 850.4) == {1: 850.0, 2: 850.0}
     assert describe_limits({1: 850.0, 2: 852.0}) == "850-852 MiB"
     assert describe_limits({1: 900.0, 2: 900.0}) == "900 MiB"

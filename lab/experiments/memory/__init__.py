@@ -43,7 +43,7 @@ EPILOG = "\n".join(
     [
         "The table gives, per job and rank:",
         *common.definitions(DEFINITIONS),
-        "The memory limit is chosen per node, a quarter of the way from the sharded run's",
+        "The memory limit is chosen per node, halfway from the sharded run's",
         "peak to DDP's on that node, no swap; --limit-mb sets one limit instead. Node 0 runs",
         "unlimited: it also trains the parity reference and gathers the whole optimizer state",
         "for it before every step, so it holds the whole state sharded or not.",
