@@ -119,3 +119,12 @@ def test_ranks_that_arrived_but_ended_before_their_stack(tmp_path: Path) -> None
         "rank 0 waiting in train.py:57 (loss.backward()); "
         "ranks 1, 3 there too (ended before a stack was read)"
     )
+
+
+def test_ranks_that_arrived_with_no_stack_at_all(tmp_path: Path) -> None:
+    dumps = _dumps(tmp_path, [0, 1, 3])
+    line = explain(dumps, {}, 4)
+    assert line == (
+        "rank 2 missing at allreduce seq 41 (bucket 0, 2.1 MB, step 41); "
+        "ranks 0, 1, 3 in it (ended before a stack was read)"
+    )

@@ -165,7 +165,9 @@ def explain(
     placed = set(missing) | {r for rs in groups.values() for r in rs}
     unseen = [r for r in arrived if r not in placed]
     if unseen:  # their recorders say they were in it; they ended before their stack was read
-        parts.append(f"{_ranks(unseen)} there too (ended before a stack was read)")
+        # "there too" when a stack placed others in the collective; else the recorders alone
+        where = "there too" if groups else "in it"
+        parts.append(f"{_ranks(unseen)} {where} (ended before a stack was read)")
         placed |= set(unseen)
     gone = sorted(r for r, code in exits.items() if r not in placed and code != 0)
     if gone and not stuck:
