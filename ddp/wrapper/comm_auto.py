@@ -35,6 +35,7 @@ end of communication (ms after backward began) and why.
 
 # No ``from __future__ import annotations``: torch's register_comm_hook compares the hook's
 # annotations with dist.GradBucket and Future[Tensor] objects, and strings would not match.
+import dataclasses
 import json
 import statistics
 import time
@@ -266,8 +267,9 @@ class AutoComm:
         if links.get("cross"):
             fit = ends_fit(links["cross"])  # a direct exchange: 1 latency, (M-1) x the bytes
             cross = LinkModel(fit.latency_s, fit.bytes_per_s * (m - 1))
+        ring = fit_link(links["leaders"]) if links.get("leaders") else None
         calls = _calls(self._call_s, cpu)
-        return CommModel(topo.world_size, m, k, cross, local, flat, calls)
+        return CommModel(topo.world_size, m, k, cross, local, flat, calls, ring)
 
     def _adopt(
         self,
@@ -316,6 +318,11 @@ def _probe(state: AutoCommState, max_bytes: int) -> dict[str, Any]:
         out["local"], _ = measure_link(hier.local, max_bytes)
     if hier.is_leader:
         out["cross"] = _time_direct(hier, max_bytes)
+        # gloo's ring among the leaders, timed as it runs: a direct exchange sends each
+        # leader's whole buffer at once, both ways, and on a rate-capped link its throughput
+        # fell to half the ring's (whose pipelined chunks keep both directions' ACKs flowing:
+        # 1.2 against 2.3 MB/s at 20 Mbit/s), so one probe cannot price both
+        out["leaders"], _ = measure_link(hier.cross, max_bytes)
     return out
 
 
@@ -357,9 +364,7 @@ def _calls(learned: dict[str, float], probed_s: float) -> dict[str, float]:
 
 
 def _with_calls(model: CommModel, calls: dict[str, float]) -> CommModel:
-    return CommModel(
-        model.ranks, model.nodes, model.per_node, model.cross, model.local, model.flat, calls
-    )
+    return dataclasses.replace(model, call_s=calls)
 
 
 def _ms(seconds: Optional[float]) -> Optional[float]:  # noqa: UP045
@@ -401,7 +406,12 @@ def _plan_to_json(plan: Plan, reason: str, model: CommModel) -> dict[str, Any]:
         "algorithm": plan.algorithm,
         "predicted_s": plan.predicted_s,
         "reason": reason,
-        "links": {"cross": link(model.cross), "local": link(model.local), "flat": link(model.flat)},
+        "links": {
+            "cross": link(model.cross),
+            "local": link(model.local),
+            "flat": link(model.flat),
+            "ring": link(model.ring),
+        },
         "call_s": dict(model.call_s),
         "best": sorted(
             ([c, a, t] for (c, a), t in plan.candidates.items()), key=lambda row: row[2]
@@ -424,7 +434,8 @@ def _describe(data: dict[str, Any]) -> str:
     calls = ", ".join(f"{a} {t * 1e3:.2f}" for a, t in data.get("call_s", {}).items())
     best = "; ".join(f"{c} MB {a} {t * 1e3:.1f}" for c, a, t in data.get("best", []))
     return (
-        f"{data['reason']}; links: cross {link(links.get('cross'))}, local "
-        f"{link(links.get('local'))}, world allreduce {link(links.get('flat'))}; ms per call: "
+        f"{data['reason']}; links: cross {link(links.get('cross'))}, leaders' ring "
+        f"{link(links.get('ring'))}, local {link(links.get('local'))}, world allreduce "
+        f"{link(links.get('flat'))}; ms per call: "
         f"{calls}; fastest predicted (ms): {best}"
     )

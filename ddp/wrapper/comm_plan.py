@@ -15,7 +15,10 @@ bucket of ``n`` bytes, with ``N`` ranks on ``M`` nodes of ``k`` ranks:
 * two levels (reduce to the leader, exchange among the M leaders, broadcast back): the two
   within-node legs cost ``local`` each ((k-1) latencies and n bytes), and the leaders' leg:
   ``ring`` 2(M-1) latencies and 2(M-1)/M x n; ``direct`` 1 latency and (M-1) x n;
-  ``recursive-doubling`` (M a power of two) log2 M latencies and log2 M x n.
+  ``recursive-doubling`` (M a power of two) log2 M latencies and log2 M x n. Where the leaders'
+  ring allreduce was timed (``ring`` given), its fit is that leg, as ``flat``'s is the world's:
+  on a rate-capped link a ring's pipelined chunks and one buffer sent whole both ways do not
+  get the same throughput from the same bytes.
 
 Buckets fill in gradient-ready order (``auto_cap``'s rule) and two are in flight at once (gloo's
 two workers; the hierarchical hook's one-bucket lag): their latencies overlap, their wire bytes
@@ -63,6 +66,7 @@ class CommModel:
     local: LinkModel | None = None  # one hop within a node; None: free (one rank per node)
     flat: LinkModel | None = None  # a fitted world allreduce, if timed
     call_s: Mapping[str, float] = field(default_factory=dict)  # per algorithm; missing: 0
+    ring: LinkModel | None = None  # a fitted allreduce among the leaders, if timed
 
     def __post_init__(self) -> None:
         if not (self.ranks >= 1 and 1 <= self.nodes <= self.ranks and self.per_node >= 1):
@@ -82,14 +86,17 @@ class CommModel:
             return steps * hop.latency_s, steps / n * nbytes / hop.bytes_per_s
         if not fits(algorithm, m):
             raise ValueError(f"{algorithm} does not fit {m} node leaders")
-        if algorithm == "ring":
+        if algorithm == "ring" and self.ring is not None:
+            hops, copies = 1, 1.0  # the leaders' own allreduce, timed: its fit is the leg
+        elif algorithm == "ring":
             hops, copies = 2 * (m - 1), 2 * (m - 1) / m
         elif algorithm == "direct":
             hops, copies = min(1, m - 1), m - 1
         else:
             hops = copies = int(math.log2(m))
-        latency = hops * self.cross.latency_s
-        wire = copies * nbytes / self.cross.bytes_per_s
+        leg = self.ring if algorithm == "ring" and self.ring is not None else self.cross
+        latency = hops * leg.latency_s
+        wire = copies * nbytes / leg.bytes_per_s
         if self.local is not None and k > 1:  # reduce in, broadcast out: each (k-1) hops
             latency += 2 * (k - 1) * self.local.latency_s
             wire += 2 * nbytes / self.local.bytes_per_s

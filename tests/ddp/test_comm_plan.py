@@ -36,6 +36,25 @@ def test_bucket_costs_count_the_crossings_of_each_algorithm():
     assert not fits("ring", 1) and fits("flat", 1)
 
 
+def test_a_timed_leaders_ring_prices_the_ring_leg_where_the_exchange_was_slower():
+    # A rate-capped link as measured at 20 Mbit/s: the leaders' direct exchange (one buffer
+    # each way at once) got 1.2 MB/s, their ring allreduce 2.3 MB/s per buffer, the world's
+    # flat ring 1.8 MB/s; 2 nodes x 2 ranks, one 2.67 MB bucket.
+    direct = LinkModel(latency_s=0.007, bytes_per_s=1.2 * MB)
+    ring = LinkModel(latency_s=0.020, bytes_per_s=2.3 * MB)
+    flat = LinkModel(latency_s=0.043, bytes_per_s=1.8 * MB)
+    ready = [(0.0, int(2.67 * MB))]
+    timed = CommModel(4, 2, 2, direct, LOOPBACK, flat, ring=ring)
+    n = int(2.67 * MB)
+    lat, wire = timed.bucket("ring", n)
+    assert lat == pytest.approx(0.020 + 2 * LOOPBACK.latency_s)
+    assert wire == pytest.approx(n / ring.bytes_per_s + 2 * n / LOOPBACK.bytes_per_s)
+    assert choose_plan(ready, timed, caps=(25.0,)).algorithm == "ring"
+    # without the ring's own timing the exchange's throughput prices it too: flat wins
+    untimed = CommModel(4, 2, 2, direct, LOOPBACK, flat)
+    assert choose_plan(ready, untimed, caps=(25.0,)).algorithm == "flat"
+
+
 @pytest.mark.parametrize("nodes", [2, 4])
 def test_latency_bound_link_picks_the_fewest_crossings(nodes):
     """5 ms per crossing, bytes nearly free: direct exchange (1 latency) at every layout."""
