@@ -140,5 +140,11 @@ def test_a_killed_rank_is_named_from_the_survivors_dumps(tmp_path: Path) -> None
     dumps = load_dumps(tmp_path)
     assert sorted(dumps) == [0, 1]
     diagnosis = diagnose(dumps, 3)
-    assert diagnosis.missing_ranks == [2] and diagnosis.op == "allreduce", diagnosis.summary()
+    # rank 2 never arrived; a survivor that torchrun's agent stopped (SIGTERM, after rank 2's
+    # death) before it reached the same collective is named missing too, as its recorder says
+    # (seen once in CI under load: "ranks 1,2 missing"); at least one survivor arrived, waited
+    # and noticed
+    missing, noticed = diagnosis.missing_ranks, diagnosis.noticed
+    assert 2 in missing and noticed and 2 not in noticed, diagnosis.summary()
+    assert diagnosis.op == "allreduce", diagnosis.summary()
     assert diagnosis.summary().startswith("rank 2 missing at step ")
