@@ -303,6 +303,7 @@ class AutoComm:
 
 
 _ALL = ("flat", "ring", "direct", "recursive-doubling")
+_DIRECT_WARMUP = 3  # untimed exchanges before the leaders' direct exchange is timed
 
 
 def _probe(state: AutoCommState, max_bytes: int) -> dict[str, Any]:
@@ -329,9 +330,18 @@ def _probe(state: AutoCommState, max_bytes: int) -> dict[str, Any]:
 def _time_direct(hier: HierarchicalState, max_bytes: int) -> list[tuple[int, float]]:
     leaders = hier.topology.leaders
     dist.all_reduce(torch.zeros(1), group=hier.cross)  # line the leaders up
-    best: dict[int, float] = {}
     seq = 1 << 23  # tags apart from the hook's (its sequence starts at 0)
-    for n, k in zip(PROBE_BYTES, PROBE_REPS, strict=True):
+    # Untimed exchanges of the largest size first: the leaders' pairs have carried nothing
+    # yet, and TCP's slow start would price a cold connection where a step's buckets find a
+    # warm one, its window grown over the steps before (at 5 ms one-way, cold: 67 MB/s; after
+    # one warm exchange 90; the ring allreduce timed after them: 175-199).
+    warm = max(4, min(max(PROBE_BYTES), max_bytes))
+    for _ in range(_DIRECT_WARMUP):
+        start_cross("direct", torch.zeros(warm // 4), hier.cross, leaders, seq).wait()
+        seq += 1
+    best: dict[int, float] = {}
+    reps = (*PROBE_REPS[:-1], 2)  # the largest size twice: the fastest of a warm pair counts
+    for n, k in zip(PROBE_BYTES, reps, strict=True):
         size = max(4, min(n, max_bytes))
         for _ in range(k):
             t = torch.zeros(size // 4)
