@@ -26,8 +26,8 @@ from ddp.program.logs import setup_logging
 from ddp.program.outcome import EXIT_CODES, run_guarded
 from ddp.program.rendezvous import check_reachable
 from ddp.program.train import run_rank
-from ddp.recovery.drivers.cli import add_fault_arguments, check_live_run
-from ddp.recovery.drivers.rank import exit_now
+from ddp.recovery.demo.cli import add_fault_arguments, check_live_run
+from ddp.recovery.demo.rank import exit_now
 from ddp.report.local import write_local_report
 
 __all__ = ["main"]
@@ -37,12 +37,12 @@ log = logging.getLogger("ddp")
 
 def _run_local(args: argparse.Namespace, cfg: TrainConfig, argv: list[str]) -> int:
     if cfg.recovery == "live":
-        from ddp.recovery.drivers.local import run_local
+        from ddp.recovery.harness.local import run_local
 
         return run_local(cfg, args)
     if cfg.recovery == "torchft":
-        from ddp.recovery.drivers.local import run_local
-        from ddp.recovery.drivers.tft.lighthouse import TorchftJob
+        from ddp.recovery.demo.torchft.lighthouse import TorchftJob
+        from ddp.recovery.harness.local import run_local
 
         return run_local(cfg, args, TorchftJob)
     out = spawn_local(cfg, args.world_size)
@@ -83,9 +83,7 @@ def _run_one(cfg: TrainConfig, rdzv: Rendezvous) -> int:
         # With --log-all-ranks the formatter names the rank already.
         log.error(out.message if cfg.log_all_ranks else f"[rank{rdzv.rank}] {out.message}")
     if cfg.recovery in ("live", "torchft"):
-        exit_now(
-            out.code
-        )  # abandoned gloo groups must not hold the exit (ddp.recovery.drivers.rank)
+        exit_now(out.code)  # abandoned gloo groups must not hold the exit (ddp.recovery.demo.rank)
     return out.code
 
 

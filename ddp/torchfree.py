@@ -57,11 +57,11 @@ from ddp.program.records import (
     load_run,
     parse_record_line,
 )
-from ddp.recovery.drivers.tft.verdict import agreement as torchft_agreement
-from ddp.recovery.drivers.timeline import figures as recovery_figures
-from ddp.recovery.drivers.timeline import timeline as recovery_timeline
+from ddp.recovery.demo.timeline import figures as recovery_figures
+from ddp.recovery.demo.timeline import timeline as recovery_timeline
+from ddp.recovery.demo.torchft.verdict import agreement as torchft_agreement
 from ddp.recovery.protocol.messages import SECRET_ENV
-from ddp.recovery.protocol.records import (
+from ddp.recovery.records import (
     CommitRecord,
     FaultRecord,
     HealRecord,

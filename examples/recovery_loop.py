@@ -1,7 +1,7 @@
 """A plain training loop with live recovery: its own model, optimizer, LR scheduler and data,
 wrapped by ``ddp.wrapper``'s ``DistributedDataParallel`` or torch's, and ten lines marked
 ``# recovery`` for ``ddp.recovery.api`` (``--records`` is optional, for
-``python -m ddp.recovery.launch``). Start the coordinator, then one process per replica,
+``python -m ddp.recovery.harness.launch``). Start the coordinator, then one process per replica,
 all with the job's secret in their environment:
 
     export DDP_RECOVERY_SECRET=$(python -c 'import secrets; print(secrets.token_hex(16))')

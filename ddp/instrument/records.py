@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ddp.recovery.protocol.records import Record
+from ddp.record import Record
 
 __all__ = [
     "SCRIPT_RECORDS",

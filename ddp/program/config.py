@@ -161,7 +161,7 @@ class TrainConfig:
     coordinator: str | None = _opt(
         None,
         "HOST:PORT of the live-recovery coordinator (python -m ddp.recovery.protocol.coordinator), "
-        "or with --recovery torchft of torchft's lighthouse (python -m ddp.recovery.drivers.tft."
+        "or with --recovery torchft of torchft's lighthouse (python -m ddp.recovery.demo.torchft."
         "lighthouse); python -m ddp starts one itself",
         "fault",
         metavar="HOST:PORT",
@@ -223,8 +223,8 @@ class TrainConfig:
     commit_digests: bool = _opt(
         False,
         "--recovery live: put the parameters' sha256 in every commit record, so that a reader "
-        "(python -m ddp.recovery.campaign) can tell whether every rank that committed a step "
-        "holds the same weights; costs a hash of the parameters per step",
+        "(python -m ddp.recovery.harness.campaign) can tell whether every rank that committed a "
+        "step holds the same weights; costs a hash of the parameters per step",
         "output",
     )
 
@@ -313,7 +313,7 @@ class TrainConfig:
             )
 
         if self.recovery != "restart" or self.coordinator:
-            from ddp.recovery.drivers.settings import check_live  # torch-free
+            from ddp.recovery.demo.settings import check_live  # torch-free
 
             check_live(self)
 

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import IO, Any, ClassVar
 
 from ddp.instrument.records import SCRIPT_RECORDS, ScriptEndRecord, ScriptStepRecord
-from ddp.recovery.protocol.records import KINDS, Record
+from ddp.record import Record
+from ddp.recovery.records import KINDS
 
 __all__ = [
     "RECORD_PREFIX",

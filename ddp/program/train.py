@@ -47,11 +47,11 @@ def run_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
     # scripts (ddp.instrument), if it is on, must not write a second log beside them.
     os.environ[ENV_INSTRUMENT] = "0"
     if cfg.recovery == "live":  # a quorum per step instead of one group (ddp.recovery)
-        from ddp.recovery.drivers.rank import run_live_rank
+        from ddp.recovery.demo.rank import run_live_rank
 
         return run_live_rank(cfg, rdzv)
-    if cfg.recovery == "torchft":  # the same under torchft's Manager (ddp.recovery.drivers.tft)
-        from ddp.recovery.drivers.tft import run_torchft_rank
+    if cfg.recovery == "torchft":  # the same under torchft's Manager (ddp.recovery.demo.torchft)
+        from ddp.recovery.demo.torchft import run_torchft_rank
 
         return run_torchft_rank(cfg, rdzv)
     # torch.optim imports torch._dynamo lazily; imported while a group exists, it keeps a C++

@@ -4,9 +4,11 @@ second, and a rank that (re)joins heals from a healthy peer, with no restart and
 * ``api``: the public side, a ``Manager`` and an optimizer wrapper that any training loop (its
   own model, data and wrapper, ours or torch's DDP) uses in about ten lines;
   ``examples/recovery_loop.py`` is one such loop.
-* ``protocol``: the coordinator, the quorum, the member, liveness, succession, the group per
-  quorum, healing and the records: the protocol itself, free of any training program.
-* ``drivers``: ``python -m ddp --recovery live`` and ``--recovery torchft``, clients of ``api``.
-* ``launch``: any script on the API as a local live job with a fault injected; ``bench``: the
-  per-step cost without faults against the restart path.
+* ``protocol``: membership, the quorum, liveness, the group per quorum and healing: the
+  protocol itself, free of any training program; ``records``: the typed record of every event;
+  ``failpoints``: the named moments at which a test makes a process die.
+* ``demo``: ``python -m ddp --recovery live`` and ``--recovery torchft``, clients of ``api``.
+* ``harness``: what runs and judges live jobs on this host: ``local`` and ``launch`` (the job's
+  processes, with a fault injected), ``campaign`` and ``audit`` (many faults, and the judge of
+  each trial), ``endurance``, ``bench`` (the per-step cost against the restart path).
 """

@@ -68,14 +68,14 @@ from ddp.recovery.protocol.group import build_group, keep_groups_past_exit
 from ddp.recovery.protocol.heal import Heal, flatten, heal, state_digest
 from ddp.recovery.protocol.member import Member
 from ddp.recovery.protocol.messages import Quorum
-from ddp.recovery.protocol.records import (
+from ddp.recovery.protocol.waiting import QuorumLost, wait_work
+from ddp.recovery.records import (
     CommitRecord,
     FaultRecord,
     HealRecord,
     QuorumRecord,
     Record,
 )
-from ddp.recovery.protocol.waiting import QuorumLost, wait_work
 
 __all__ = ["Manager", "ManagerConfig", "Optimizer", "process_start_time"]
 
@@ -240,7 +240,7 @@ class Manager:
     """This process as one replica of a live job (see the module). ``state_dict()`` returns
     what a replica that joins or falls behind must receive (model, optimizer, the loop's own
     state: tensors, dicts, lists, tuples and JSON values); ``load_state_dict(state)`` takes it.
-    ``record``, if given, receives the protocol's typed records (``ddp.recovery.protocol.records``)
+    ``record``, if given, receives the protocol's typed records (``ddp.recovery.records``)
     as they happen, from this thread or the member's watcher."""
 
     def __init__(

@@ -1,4 +1,4 @@
-"""The fault campaign: its judge (``ddp.recovery.audit``) on synthetic records, each rule
+"""The fault campaign: its judge (``ddp.recovery.harness.audit``) on synthetic records, each rule
 caught breaking (a split brain, a step committed twice, a step missing, ...) and a clean run
 passing; its plan; then a short real campaign of local live jobs, one trial per fault kind."""
 
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from ddp.program.records import EndRecord, FailureRecord
-from ddp.recovery.audit import (
+from ddp.recovery.harness.audit import (
     Expect,
     Process,
     commit_problems,
@@ -20,8 +20,8 @@ from ddp.recovery.audit import (
     judge_trial,
     recovery_times,
 )
-from ddp.recovery.campaign import KINDS, main, percentile, plan
-from ddp.recovery.protocol.records import (
+from ddp.recovery.harness.campaign import KINDS, main, percentile, plan
+from ddp.recovery.records import (
     CommitRecord,
     HealRecord,
     QuorumRecord,
@@ -244,7 +244,14 @@ def test_percentile_is_nearest_rank():
 def _campaign(tmp_path, *args: str, timeout: float) -> subprocess.CompletedProcess:
     # The default run (40 steps of at least 50 ms): a rank stopped early for twice the
     # heartbeat timeout still rejoins and heals well before the others finish.
-    argv = [sys.executable, "-m", "ddp.recovery.campaign", "--records", str(tmp_path), *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "ddp.recovery.harness.campaign",
+        "--records",
+        str(tmp_path),
+        *args,
+    ]
     p = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )

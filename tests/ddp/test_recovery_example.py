@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from ddp.program.records import read_rank_log
-from ddp.recovery.launch import local_env
-from ddp.recovery.protocol.records import CommitRecord, HealRecord
+from ddp.recovery.harness.launch import local_env
+from ddp.recovery.records import CommitRecord, HealRecord
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "recovery_loop.py"
 STEPS = 300  # at 40 ms each: time for a replacement to join on a loaded host

@@ -12,12 +12,12 @@ import torch
 
 from ddp.__main__ import main
 from ddp.program.records import StepRecord, _from_dict
-from ddp.recovery.drivers.batches import GlobalBatches
-from ddp.recovery.drivers.timeline import figures, timeline
-from ddp.recovery.drivers.verdict import judge
+from ddp.recovery.demo.batches import GlobalBatches
+from ddp.recovery.demo.timeline import figures, timeline
+from ddp.recovery.demo.verdict import judge
 from ddp.recovery.protocol.messages import Quorum
 from ddp.recovery.protocol.quorum import decide, window_closed
-from ddp.recovery.protocol.records import CommitRecord, FaultRecord, HealRecord, QuorumRecord
+from ddp.recovery.records import CommitRecord, FaultRecord, HealRecord, QuorumRecord
 
 FOUR = Quorum(3, ("0.1", "1.1", "2.1", "3.1"))
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ddp.program.records import EndRecord, load_attempts
-from ddp.recovery.protocol.records import (
+from ddp.recovery.records import (
     CommitRecord,
     FaultRecord,
     HealRecord,

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from ddp.program.records import EndRecord, load_attempts
-from ddp.recovery.protocol.records import CommitRecord, QuorumRecord, RecoveryVerdictRecord
+from ddp.recovery.records import CommitRecord, QuorumRecord, RecoveryVerdictRecord
 from tests.helpers import run_in_session
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -15,9 +15,9 @@ import pytest
 
 from ddp.__main__ import main
 from ddp.program.records import EndRecord, StepRecord, load_attempts
-from ddp.recovery.drivers.tft import MISSING
-from ddp.recovery.drivers.tft.verdict import agreement, judge_history
-from ddp.recovery.protocol.records import (
+from ddp.recovery.demo.torchft import MISSING
+from ddp.recovery.demo.torchft.verdict import agreement, judge_history
+from ddp.recovery.records import (
     CommitRecord,
     HealRecord,
     QuorumRecord,

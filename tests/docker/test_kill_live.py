@@ -14,7 +14,7 @@ import re
 import pytest
 
 from ddp.program.records import load_attempts
-from ddp.recovery.protocol.records import CommitRecord, HealRecord, RecoveryVerdictRecord
+from ddp.recovery.records import CommitRecord, HealRecord, RecoveryVerdictRecord
 from tests.docker.lab_run import run_lab
 
 pytestmark = pytest.mark.docker

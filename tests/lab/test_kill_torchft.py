@@ -48,7 +48,7 @@ def test_the_torchft_plan_is_the_same_job_with_the_lighthouse_on_node_n(monkeypa
     assert dataclasses.replace(t.train, recovery="live") == p.train
     assert (t.rank, t.at_step, t.rejoin, t.nodes, t.image) == (2, 6, True, 4, p.image)
     argv = t.coordinator_argv()
-    assert argv[:3] == ["python", "-m", "ddp.recovery.drivers.tft.lighthouse"]
+    assert argv[:3] == ["python", "-m", "ddp.recovery.demo.torchft.lighthouse"]
     assert argv[argv.index("--min-replicas") + 1] == "2" and t.coordinator_node == 4
     only = kill.plan(_args("--recovery torchft --mode kill --rank 1 --at-step 3 --no-compare"))
     assert (only.recovery, only.compare, only.torchft) == ("torchft", False, False)

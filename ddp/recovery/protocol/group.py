@@ -10,7 +10,7 @@ the rest of this rank.
 
 Old groups are kept, never destroyed: destroying a gloo group joins its threads, and a thread
 inside an abandoned collective only returns at gloo's timeout. The demo program ends with
-``os._exit`` (see ``ddp.recovery.drivers.rank``), which does not wait for them; a loop on
+``os._exit`` (see ``ddp.recovery.demo.rank``), which does not wait for them; a loop on
 ``ddp.recovery.api`` ends with ``Manager.close``, which leaves them to the process's exit
 (``keep_groups_past_exit``).
 """

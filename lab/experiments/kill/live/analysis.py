@@ -88,7 +88,7 @@ def live_records(result: LiveResult) -> list[Record]:
 
 def live_row(result: LiveResult) -> tuple[PathRow, dict]:
     """Ours (or torchft's, for a ``--recovery torchft`` run), and the figures of
-    :func:`ddp.recovery.drivers.timeline.figures` it came from."""
+    :func:`ddp.recovery.demo.timeline.figures` it came from."""
     name = "torchft" if result.plan.recovery == "torchft" else "ours (live)"
     fault = result.moment("fault")
     if fault is None:

@@ -167,7 +167,7 @@ class LivePlan:
             return [
                 "python",
                 "-m",
-                "ddp.recovery.drivers.tft.lighthouse",
+                "ddp.recovery.demo.torchft.lighthouse",
                 "--port",
                 str(COORDINATOR_PORT),
                 "--min-replicas",

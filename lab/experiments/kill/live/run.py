@@ -3,7 +3,7 @@ fault injected when the target's records say so, a replacement started once the 
 committed a step without it (``--rejoin``); then, on fresh containers, the restart path.
 
 The jobs are followed only through their typed records (the fault's trigger, the survivors'
-first commit at the smaller world, the end): :mod:`ddp.recovery.protocol.records`.
+first commit at the smaller world, the end): :mod:`ddp.recovery.records`.
 """
 
 from __future__ import annotations

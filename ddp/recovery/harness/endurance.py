@@ -1,6 +1,6 @@
-"""``python -m ddp.recovery.drivers.endurance``: one live run, five faults, and the verdict.
+"""``python -m ddp.recovery.harness.endurance``: one live run, five faults, and the verdict.
 
-Four local ranks (``ddp.recovery.drivers.local``'s processes) train ``--steps`` steps while the plan
+Four local ranks (``ddp.recovery.harness.local``'s processes) train ``--steps`` steps while the plan
 below hits them, each fault once rank R has committed the step before:
 
 1. SIGKILL of rank 2 (it stays dead: the run goes on at 3);
@@ -14,7 +14,7 @@ It exits 0 only if every rank still training at the end exits 0 (its verdict: ev
 committed exactly once, replicas bitwise identical after every committed step) and all of them
 end with the same parameters.
 
-    python -m ddp.recovery.drivers.endurance --steps 200 --step-delay-ms 60
+    python -m ddp.recovery.harness.endurance --steps 200 --step-delay-ms 60
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import time
 
 from ddp.program.config import TrainConfig
 from ddp.program.records import EndRecord
-from ddp.recovery.drivers.local import LocalJob
-from ddp.recovery.drivers.timeline import timeline
-from ddp.recovery.protocol.records import CommitRecord, RecoveryVerdictRecord
+from ddp.recovery.demo.timeline import timeline
+from ddp.recovery.harness.local import LocalJob
+from ddp.recovery.records import CommitRecord, RecoveryVerdictRecord
 
 __all__ = ["main"]
 
@@ -80,7 +80,7 @@ def _run(job: LocalJob, plan: list, hb: float, deadline: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m ddp.recovery.drivers.endurance", description=__doc__
+        prog="python -m ddp.recovery.harness.endurance", description=__doc__
     )
     p.add_argument("--steps", type=int, default=200, help="steps (default 200)")
     p.add_argument("--step-delay-ms", type=float, default=60.0, help="per step (default 60)")

@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Iterable
 
 from ddp.program.records import Record, StepRecord
-from ddp.recovery.protocol.records import CommitRecord, FaultRecord, HealRecord, QuorumRecord
+from ddp.recovery.records import CommitRecord, FaultRecord, HealRecord, QuorumRecord
 
 __all__ = ["figures", "figures_line", "timeline"]
 

@@ -7,7 +7,7 @@ Torch-free and pure."""
 from __future__ import annotations
 
 from ddp.program.records import Record, StepRecord
-from ddp.recovery.drivers.verdict import Verdict, commit_accounting, redone_phrase
+from ddp.recovery.demo.verdict import Verdict, commit_accounting, redone_phrase
 
 __all__ = ["agreement", "judge_history"]
 

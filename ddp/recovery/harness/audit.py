@@ -29,7 +29,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ddp.program.records import EndRecord, FailureRecord, Record
-from ddp.recovery.protocol.records import (
+from ddp.recovery.records import (
     CommitRecord,
     HealRecord,
     QuorumRecord,

@@ -42,7 +42,7 @@ def _server(mode: str, world_size: int | None) -> str:
     """The command that starts what ``--coordinator`` points at."""
     if mode == "torchft":
         least = (world_size + 1) // 2 if world_size else "M"
-        return f"python -m ddp.recovery.drivers.tft.lighthouse --port 29510 --min-replicas {least}"
+        return f"python -m ddp.recovery.demo.torchft.lighthouse --port 29510 --min-replicas {least}"
     return (
         f"{SECRET_ENV}=... python -m ddp.recovery.protocol.coordinator --port 29500 --world-size "
         f"{world_size or 'N'}"
@@ -66,7 +66,7 @@ def check_live_run(
             )
         return
     if mode == "torchft":
-        from ddp.recovery.drivers.tft import require_torchft
+        from ddp.recovery.demo.torchft import require_torchft
 
         require_torchft()
     if one_rank and not cfg.coordinator:

@@ -29,9 +29,9 @@ from typing import IO
 
 from ddp.program.config import TrainConfig
 from ddp.program.records import EndRecord, Record, load_attempts, parse_record_line
-from ddp.recovery.drivers.timeline import figures, figures_line, timeline
+from ddp.recovery.demo.timeline import figures, figures_line, timeline
 from ddp.recovery.protocol.messages import SECRET_ENV, SECRET_FILE_ENV
-from ddp.recovery.protocol.records import CommitRecord, QuorumRecord, RecoveryVerdictRecord
+from ddp.recovery.records import CommitRecord, QuorumRecord, RecoveryVerdictRecord
 
 __all__ = ["LocalJob", "run_local"]
 
@@ -234,7 +234,7 @@ def _report(
     ok = codes_ok and len(digests) == 1 and len(ends) >= len(survivors) and bool(verdicts)
     ok = ok and all(v.holds for v in verdicts)
     if job.cfg.recovery == "torchft":  # its replicas compared from their step records
-        from ddp.recovery.drivers.tft.verdict import agreement
+        from ddp.recovery.demo.torchft.verdict import agreement
 
         holds, said = agreement(job.events)
         ok, message = ok and holds, f"{message}, {said}"

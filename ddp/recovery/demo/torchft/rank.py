@@ -24,16 +24,16 @@ from ddp.flight.gloo_errors import error_meaning
 from ddp.program.config import TrainConfig
 from ddp.program.records import EndRecord, RecordLog, StepRecord
 from ddp.program.reference import checksum, params_sha256
-from ddp.recovery.drivers.job import job_parts
-from ddp.recovery.drivers.tft.lighthouse import wait_for_replicas
-from ddp.recovery.drivers.tft.replica import (
+from ddp.recovery.demo.job import job_parts
+from ddp.recovery.demo.torchft.lighthouse import wait_for_replicas
+from ddp.recovery.demo.torchft.replica import (
     Replica,
     WatchedGloo,
     WatchedTransport,
     manager_allreduce_hook,
 )
-from ddp.recovery.drivers.tft.verdict import judge_history
-from ddp.recovery.protocol.records import CommitRecord, FaultRecord, RecoveryVerdictRecord
+from ddp.recovery.demo.torchft.verdict import judge_history
+from ddp.recovery.records import CommitRecord, FaultRecord, RecoveryVerdictRecord
 from ddp.wrapper.distributed import DistributedDataParallel
 
 __all__ = ["train_torchft"]

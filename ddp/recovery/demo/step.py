@@ -27,7 +27,7 @@ from ddp.program.parity import HEADER, StepRow
 from ddp.program.records import StepRecord
 from ddp.program.reference import Reference, checksum, max_param_diff
 from ddp.recovery.api import Manager
-from ddp.recovery.drivers.job import ReplicaJob
+from ddp.recovery.demo.job import ReplicaJob
 
 __all__ = ["LiveRun", "finish_check", "run_step"]
 

@@ -1,4 +1,4 @@
-"""``python -m ddp.recovery.bench``: what ``--recovery live`` (and, with ``--variants
+"""``python -m ddp.recovery.harness.bench``: what ``--recovery live`` (and, with ``--variants
 live,torchft``, torchft's Manager on the same job) costs per step without faults.
 
 Runs the same job with ``--recovery restart`` and each variant in turns (the order rotates
@@ -10,8 +10,8 @@ torchft's quorum and ``should_commit``, the optimizer step: the slowest rank per
 period between consecutive steps' starts on rank 0 (everything a step costs, the check and the
 records included). The result is the median over rounds of variant / restart.
 
-    python -m ddp.recovery.bench --rounds 5 --steps 60 --model tower
-    python -m ddp.recovery.bench --variants live,torchft --world-size 3
+    python -m ddp.recovery.harness.bench --rounds 5 --steps 60 --model tower
+    python -m ddp.recovery.harness.bench --variants live,torchft --world-size 3
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def _run(mode: str, args: argparse.Namespace, out: Path) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ddp.recovery.bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m ddp.recovery.harness.bench", description=__doc__)
     p.add_argument("--rounds", type=int, default=5, help="rounds of restart + live (default 5)")
     p.add_argument("--steps", type=int, default=60, help="steps per run (default 60)")
     p.add_argument("--warmup", type=int, default=5, help="steps skipped per run (default 5)")

@@ -20,7 +20,7 @@ def run_live_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
     """Train replica ``rdzv.rank`` with the coordinator at ``cfg.coordinator``; the live
     verdict (every step committed once, replicas identical after each)."""
     from ddp.recovery.api import process_start_time  # torch, only once a rank really runs
-    from ddp.recovery.drivers.live import train_live
+    from ddp.recovery.demo.live import train_live
 
     started = process_start_time()
     # Whoever is group rank 0 prints the table (rank 0 may be lost): every rank may log info.

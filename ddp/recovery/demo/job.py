@@ -1,7 +1,7 @@
 """What one replica of a recovery run trains, whoever drives the recovery (ours or torchft).
 
 The same data, model and optimizer as every other mode of ``python -m ddp`` (from the one
-``TrainConfig``), and the global batch kept over any world (``ddp.recovery.drivers.batches``), so
+``TrainConfig``), and the global batch kept over any world (``ddp.recovery.demo.batches``), so
 the two drivers train the very same job and their figures can stand side by side.
 """
 
@@ -17,7 +17,7 @@ from ddp.program.data import make_dataset
 from ddp.program.models import build_model, simulate_backward_compute
 from ddp.program.optimizer import build_optimizer
 from ddp.program.records import RecordLog
-from ddp.recovery.drivers.batches import GlobalBatches
+from ddp.recovery.demo.batches import GlobalBatches
 
 __all__ = ["ReplicaJob", "job_parts"]
 

@@ -13,10 +13,10 @@ from ddp.program.config import TrainConfig
 from ddp.program.records import EndRecord, RecordLog
 from ddp.program.reference import params_sha256
 from ddp.recovery.api import Manager
-from ddp.recovery.drivers.job import job_parts
-from ddp.recovery.drivers.step import LiveRun, finish_check, log, run_step
-from ddp.recovery.drivers.verdict import judge
-from ddp.recovery.protocol.records import QuorumRecord, Record, RecoveryVerdictRecord
+from ddp.recovery.demo.job import job_parts
+from ddp.recovery.demo.step import LiveRun, finish_check, log, run_step
+from ddp.recovery.demo.verdict import judge
+from ddp.recovery.records import QuorumRecord, Record, RecoveryVerdictRecord
 from ddp.wrapper.distributed import DistributedDataParallel
 
 __all__ = ["train_live"]

@@ -51,5 +51,5 @@ def check_live(cfg: Any) -> None:
         raise ValueError(
             f"--recovery {cfg.recovery} cannot run with {', '.join(bad)} (live recovery keeps "
             "state in memory and rebuilds the group per quorum; see "
-            "ddp/recovery/drivers/settings.py): drop it"
+            "ddp/recovery/demo/settings.py): drop it"
         )

@@ -23,8 +23,8 @@ import torch.distributed as dist
 from torchft.checkpointing import HTTPTransport
 from torchft.process_group import ProcessGroupGloo
 
-from ddp.recovery.drivers.job import ReplicaJob
-from ddp.recovery.protocol.records import FaultRecord, HealRecord, QuorumRecord
+from ddp.recovery.demo.job import ReplicaJob
+from ddp.recovery.records import FaultRecord, HealRecord, QuorumRecord
 
 __all__ = [
     "Configured",

@@ -5,17 +5,16 @@ so the lab prints the timeline and judges the run from data. ``rank`` is always 
 ``rank<R>.attempt<N>.jsonl``); ``t`` is the wall clock (ranks of one host, or containers of one
 host, share it).
 
-Torch-free, and free of the demo program: ``Record`` here has the fields and JSON form of
-``ddp.program.records.Record``, so any loop that uses ``ddp.recovery.api`` can write these
-records to its own log.
+Torch-free, and free of the demo program: they derive from ``ddp.record.Record``, so any loop
+that uses ``ddp.recovery.api`` can write these records to its own log.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import ClassVar
+
+from ddp.record import Record
 
 __all__ = [
     "KINDS",
@@ -26,17 +25,6 @@ __all__ = [
     "Record",
     "RecoveryVerdictRecord",
 ]
-
-
-@dataclass
-class Record:
-    """One event of replica ``rank``; ``to_json`` gives the line a rank log holds."""
-
-    event: ClassVar[str] = ""
-    rank: int
-
-    def to_json(self) -> str:
-        return json.dumps({"event": self.event, **dataclasses.asdict(self)})
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""``python -m ddp.recovery.campaign --trials N --seed S``: a fault campaign against live
-recovery, each trial a short local live job (``ddp.recovery.drivers.local``'s coordinator and rank
+"""``python -m ddp.recovery.harness.campaign --trials N --seed S``: a fault campaign against live
+recovery, each trial a short local live job (``ddp.recovery.harness.local``'s coordinator and rank
 processes) hit by one fault drawn from the seed:
 
 * ``kill``: SIGKILL of one rank (every rank in turn, the lowest included);
@@ -20,15 +20,15 @@ failpoints fire at their moment in the code (``ddp.recovery.failpoints``). A rep
 started with the other ranks and held before it registers (failpoint ``rank.registering``), so
 that it joins at the fault, not seconds later, and the trial stays short.
 
-After each trial the records decide (``ddp.recovery.audit``): every step committed once, one
+After each trial the records decide (``ddp.recovery.harness.audit``): every step committed once, one
 parameter digest per committed step (no split brain), replicas identical at the end, parity
 judged, and every process ended as the fault allows. One line per trial as it goes, then per
 fault kind the time from the fault to the first quorum formed after it and to the first step
 committed in such a quorum (p50, p90, p99), and a last line. Exit 0 only if every trial is
 clean. Every trial has a deadline; one that passes it is stopped and counted unclean.
 
-    python -m ddp.recovery.campaign --trials 30 --seed 1
-    python -m ddp.recovery.campaign --trials 7 --seed 2 --kinds kill,vote-kill
+    python -m ddp.recovery.harness.campaign --trials 30 --seed 1
+    python -m ddp.recovery.harness.campaign --trials 7 --seed 2 --kinds kill,vote-kill
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ from ddp.program.config import TrainConfig
 from ddp.program.outcome import EXIT_CODES
 from ddp.program.records import load_attempts
 from ddp.recovery import failpoints
-from ddp.recovery.audit import Expect, Judgement, Process, judge_trial
-from ddp.recovery.drivers.local import LocalJob
-from ddp.recovery.protocol.records import CommitRecord, QuorumRecord
+from ddp.recovery.harness.audit import Expect, Judgement, Process, judge_trial
+from ddp.recovery.harness.local import LocalJob
+from ddp.recovery.records import CommitRecord, QuorumRecord
 
 __all__ = ["KINDS", "Trial", "main", "percentile", "plan"]
 
@@ -410,7 +410,7 @@ def _summary(results: list[_Result]) -> list[str]:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m ddp.recovery.campaign",
+        prog="python -m ddp.recovery.harness.campaign",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,8 +1,9 @@
-"""``python -m ddp.recovery.launch``: any training script on ``ddp.recovery.api``, run locally as a
-live job with a fault injected: a coordinator, one process per replica, and the same timeline
-and figures as ``python -m ddp --recovery live`` prints, from the replicas' typed records.
+"""``python -m ddp.recovery.harness.launch``: any training script on ``ddp.recovery.api``, run
+locally as a live job with a fault injected: a coordinator, one process per replica, and the
+same timeline and figures as ``python -m ddp --recovery live`` prints, from the replicas'
+typed records.
 
-    python -m ddp.recovery.launch --world-size 3 --kill-rank 1 --kill-at-step 6 --rejoin \\
+    python -m ddp.recovery.harness.launch --world-size 3 --kill-rank 1 --kill-at-step 6 --rejoin \\
         examples/recovery_loop.py --steps 200 --compute-ms 40
 
 Each replica runs ``python SCRIPT ARGS... --records FILE`` with ``RANK``,
@@ -26,8 +27,8 @@ import time
 from pathlib import Path
 
 from ddp.program.records import Record, load_attempts, log_name, parse_record_line
-from ddp.recovery.drivers.timeline import figures, figures_line, timeline
-from ddp.recovery.protocol.records import CommitRecord
+from ddp.recovery.demo.timeline import figures, figures_line, timeline
+from ddp.recovery.records import CommitRecord
 
 __all__ = ["local_env", "main"]
 
@@ -68,7 +69,7 @@ class _Tail:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ddp.recovery.launch", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m ddp.recovery.harness.launch", description=__doc__)
     p.add_argument("--world-size", type=int, required=True, help="replicas (>= 2)")
     p.add_argument("--kill-rank", type=int, metavar="R", help="SIGKILL replica R ...")
     p.add_argument("--kill-at-step", type=int, metavar="S", help="... once it starts step S")

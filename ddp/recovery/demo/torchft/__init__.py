@@ -2,7 +2,7 @@
 (pytorch/torchft, pinned 0.2.0, the optional ``[torchft]`` extra) instead of our coordinator.
 
 What stays ours: the model, the data (the global batch kept over any world,
-``ddp.recovery.drivers.batches``), the optimizer, and the wrapper, ``ddp.wrapper``'s
+``ddp.recovery.demo.batches``), the optimizer, and the wrapper, ``ddp.wrapper``'s
 ``DistributedDataParallel``. torchft drives it through the wrapper's comm-hook path, as
 ``torchft.ddp`` drives torch's: the wrapper is built on a local one-rank group (so its own
 collectives, the construction sync and the bucket rebuild, stay on this process) and every
@@ -10,20 +10,20 @@ gradient bucket goes to ``Manager.allreduce``, which sends it over torchft's rec
 gloo group of the current quorum. The bucket plan is fixed before the first step (the rebuild
 would take each replica's own gradient order, and a healed replica must have its peers' plan).
 
-What is torchft's: the lighthouse (``python -m ddp.recovery.drivers.tft.lighthouse``, its Rust
+What is torchft's: the lighthouse (``python -m ddp.recovery.demo.torchft.lighthouse``, its Rust
 server) forms a quorum per step; each replica is a replica group of one rank with its own store and
 manager server; a failed allreduce is swallowed and reported, ``should_commit`` then says no,
 and the step is redone in the next quorum; a replica that joins receives the weights, the
 momentum and the step from a peer over torchft's HTTP checkpoint transport.
 
-Each replica writes the records of ``ddp.recovery.protocol.records`` (quorum, fault, commit, heal,
-verdict), so ``ddp.recovery.drivers.timeline`` reports a torchft run as it reports ours.
+Each replica writes the records of ``ddp.recovery.records`` (quorum, fault, commit, heal,
+verdict), so ``ddp.recovery.demo.timeline`` reports a torchft run as it reports ours.
 
 The files: ``lighthouse`` (start it, wait at it), ``replica`` (one replica's state and
 torchft's pieces), ``rank`` (one replica's training loop), ``verdict`` (judging the run). This
 module is what the rest of ``ddp`` calls, torch-free until a replica really runs: the check
 that torchft is installed, and the start of one replica (which then ends with
-``ddp.recovery.drivers.rank.exit_now``: torchft's threads and an abandoned gloo group must not hold
+``ddp.recovery.demo.rank.exit_now``: torchft's threads and an abandoned gloo group must not hold
 the exit).
 """
 
@@ -64,7 +64,7 @@ def run_torchft_rank(cfg: Any, rdzv: Any) -> bool:
 
     started = process_start_time()
     quiet_torchft()  # before torchft is loaded: its Rust side reads RUST_LOG then
-    from ddp.recovery.drivers.tft.rank import train_torchft
+    from ddp.recovery.demo.torchft.rank import train_torchft
 
     logging.getLogger("ddp").setLevel(logging.INFO)
     jlog = RecordLog(cfg.log_dir, rdzv.rank, echo=cfg.emit_records)

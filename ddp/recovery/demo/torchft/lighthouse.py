@@ -1,10 +1,10 @@
-"""torchft's lighthouse: ``python -m ddp.recovery.drivers.tft.lighthouse`` starts it (its Rust
+"""torchft's lighthouse: ``python -m ddp.recovery.demo.torchft.lighthouse`` starts it (its Rust
 server, shipped in the torchft wheel as ``torchft_lighthouse``, found beside this interpreter so
 that the driver and a lab container start it alike), ``TorchftJob`` starts it in a local run in
 place of our coordinator, and ``wait_for_replicas`` holds a replica until every replica heartbeats
 to it.
 
-    python -m ddp.recovery.drivers.tft.lighthouse --port 29510 --min-replicas 2
+    python -m ddp.recovery.demo.torchft.lighthouse --port 29510 --min-replicas 2
 
 ``--join-timeout-ms`` defaults to 1000 here (torchft's own default is 60000: a quorum waits a
 minute for a replica that stopped heartbeating less than ``--heartbeat-timeout-ms`` ago, so a
@@ -30,7 +30,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ddp.recovery.drivers.local import LocalJob
+from ddp.recovery.harness.local import LocalJob
 
 __all__ = ["TorchftJob", "heartbeating", "lighthouse_argv", "main", "wait_for_replicas"]
 
@@ -49,7 +49,7 @@ def lighthouse_argv(port: int, min_replicas: int, join_timeout_ms: int = 1000) -
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m ddp.recovery.drivers.tft.lighthouse", description=__doc__
+        prog="python -m ddp.recovery.demo.torchft.lighthouse", description=__doc__
     )
     p.add_argument("--port", type=int, default=29510, help="port to listen on (default 29510)")
     p.add_argument("--min-replicas", type=int, required=True, help="smallest quorum allowed")
@@ -114,7 +114,7 @@ class TorchftJob(LocalJob):
         self._start(
             "coordinator",
             "-m",
-            "ddp.recovery.drivers.tft.lighthouse",
+            "ddp.recovery.demo.torchft.lighthouse",
             "--port",
             str(self.port),
             "--min-replicas",
