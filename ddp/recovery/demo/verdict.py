@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ddp.recovery.committed import chain_of
+
 __all__ = ["Verdict", "commit_accounting", "judge", "redone_phrase"]
 
 
@@ -27,13 +29,14 @@ def _ranges(steps: list[int]) -> str:
     return ", ".join(map(str, steps[:8])) + (" ..." if len(steps) > 8 else "")
 
 
-def commit_accounting(history: list[dict], steps: int) -> tuple[list[int], list[int], list[int]]:
+def commit_accounting(
+    history: list[dict], steps: int
+) -> tuple[list[int], list[int], list[int], list[int]]:
     """(the committed steps in order, the steps of 1..``steps`` never committed, the steps
-    committed more than once): what every recovery driver's verdict starts from."""
-    done = [h["step"] for h in history]
-    missing = sorted(set(range(1, steps + 1)) - set(done))
-    twice = sorted({s for s in done if done.count(s) > 1})
-    return done, missing, twice
+    committed more than once, the steps committed once but after a later one): what every
+    recovery driver's verdict starts from, judged by the one chain (``ddp.recovery.committed``)."""
+    chain = chain_of(h["step"] for h in history)
+    return chain.committed, chain.missing(steps), chain.twice(), chain.out_of_order()
 
 
 def redone_phrase(failed: int, quorums: int) -> str:
@@ -42,7 +45,7 @@ def redone_phrase(failed: int, quorums: int) -> str:
 
 def judge(history: list[dict], steps: int, tolerance: float, failed: int, quorums: int) -> Verdict:
     """Judge ``history`` against ``steps`` expected steps."""
-    done, missing, twice = commit_accounting(history, steps)
+    done, missing, twice, disorder = commit_accounting(history, steps)
     differ = [h["step"] for h in history if h["identical"] is False]
     unchecked = [h["step"] for h in history if h["identical"] is None]
     diffs = [h["diff"] for h in history if h.get("diff") is not None]
@@ -52,6 +55,8 @@ def judge(history: list[dict], steps: int, tolerance: float, failed: int, quorum
         problems.append(f"steps never committed: {_ranges(missing)}")
     if twice:
         problems.append(f"steps committed twice: {_ranges(twice)}")
+    if disorder:
+        problems.append(f"steps committed out of order: {_ranges(disorder)}")
     if differ:
         problems.append(f"replicas differed after steps {_ranges(differ)}")
     if unchecked:

@@ -6,7 +6,8 @@ allows. Pure and torch-free, so each rule is tested on synthetic records.
 A process is one ``python -m ddp train`` of the trial (``"2"``: rank 2 as started; ``"2+"``:
 its replacement). The rules:
 
-* **Committed once.** Each process's own history is a chain: a committed step is the one after
+* **Committed once.** Each process's own history is a chain (``ddp.recovery.committed``, the
+  one judge the demo's and torchft's verdicts use too): a committed step is the one after
   the last step it committed or received by a heal; a heal never goes back. Whoever healed
   to step X from rank F in quorum Q, F entered Q at step X. Two quorums may commit the same
   step only if the earlier one's committers stopped there (died, or were healed over before
@@ -29,6 +30,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ddp.program.records import EndRecord, FailureRecord, Record
+from ddp.recovery.committed import Chain
 from ddp.recovery.records import (
     CommitRecord,
     HealRecord,
@@ -110,28 +112,22 @@ def commit_problems(procs: list[Process], steps: int, finished: list[str]) -> li
     final: dict[str, int] = {}
     heals: list[tuple[Process, HealRecord]] = []
     for p in procs:
-        cur, again, skipped, back = 0, [], [], []
+        chain = Chain()
         for r in p.records:
             if isinstance(r, CommitRecord) and r.committed:
-                if r.step <= cur:
-                    again.append(r.step)
-                elif r.step > cur + 1:
-                    skipped.append(f"{cur + 1}..{r.step - 1}")
-                cur = r.step
+                chain.commit(r.step)
             elif isinstance(r, HealRecord):
-                if r.step < cur:
-                    back.append(f"{cur} -> {r.step}")
+                chain.heal(r.step)
                 heals.append((p, r))
-                cur = r.step
             elif isinstance(r, QuorumRecord):
-                entered[(p.name, r.quorum_id)] = cur
-        final[p.name] = cur
-        if again:
-            problems.append(f"rank {p.name} committed steps {_some(again)} twice")
-        if skipped:
-            problems.append(f"rank {p.name} skipped steps {_some(skipped)}")
-        if back:
-            problems.append(f"rank {p.name} was healed back from step {_some(back)}")
+                entered[(p.name, r.quorum_id)] = chain.final
+        final[p.name] = chain.final
+        if chain.again:
+            problems.append(f"rank {p.name} committed steps {_some(chain.again)} twice")
+        if chain.skipped:
+            problems.append(f"rank {p.name} skipped steps {_some(chain.skipped)}")
+        if chain.back:
+            problems.append(f"rank {p.name} was healed back from step {_some(chain.back)}")
     for p, h in heals:
         sources = [s for s in procs if s.rank == h.from_rank]
         at = [entered[(s.name, h.quorum_id)] for s in sources if (s.name, h.quorum_id) in entered]

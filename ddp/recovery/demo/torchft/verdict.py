@@ -14,12 +14,14 @@ __all__ = ["agreement", "judge_history"]
 
 def judge_history(history: list[dict], steps: int, failed: int, quorums: int) -> Verdict:
     """``history`` entries are ``{"step", "quorum", "world"}``."""
-    done, missing, twice = commit_accounting(history, steps)
+    done, missing, twice, disorder = commit_accounting(history, steps)
     problems = []
     if missing:
         problems.append(f"steps never committed: {missing[:8]}")
     if twice:
         problems.append(f"steps committed twice: {twice[:8]}")
+    if disorder:
+        problems.append(f"steps committed out of order: {disorder[:8]}")
     if problems:
         return Verdict(False, len(done), 0, "torchft run broken: " + "; ".join(problems))
     redone = redone_phrase(failed, quorums)
