@@ -5,13 +5,18 @@ receiver refuses a header or skeleton it cannot trust before allocating what it 
 from __future__ import annotations
 
 import json
+import socket
+import time
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from ddp.recovery.protocol.heal import (
     MAX_HEAL_BYTES,
     HealRefused,
+    _header_sizes,
     _pack,
     _unpack,
     flatten,
@@ -89,3 +94,41 @@ def test_an_honest_state_still_unpacks():
     header, payload = _packed()
     back = _unpack(header, payload)
     assert back["n"] == 4 and torch.equal(back["w"], torch.arange(6.0).reshape(2, 3))
+
+
+def _forging_pair(rank: int, port: int, out: str) -> None:
+    """Two real gloo ranks: rank 0 sends a forged heal header (2**62 bytes) the way a source
+    does; rank 1 receives it as the heal receiver does and must refuse before allocating."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        if rank == 0:
+            dist.send(torch.tensor([2**62, 2**62], dtype=torch.int64), 1)
+        else:
+            header = torch.empty(2, dtype=torch.int64)
+            dist.recv(header, 0)
+            try:
+                _header_sizes(header)
+                said = "accepted"
+            except HealRefused as e:
+                said = str(e)
+            with open(out, "w") as f:
+                f.write(said)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_real_gloo_receiver_refuses_a_forged_header(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "said"
+    ctx = mp.start_processes(_forging_pair, (port, str(out)), nprocs=2, join=False)
+    t0 = time.monotonic()
+    try:
+        while not ctx.join(timeout=1):
+            assert time.monotonic() - t0 < 60, "the forged-header pair did not finish in 60 s"
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+    assert "heal header announces" in out.read_text()
