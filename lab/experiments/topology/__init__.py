@@ -19,6 +19,7 @@ import textwrap
 from ddp.torchfree import config_from_args
 from lab import args as common
 from lab.engine.layout import Layout
+from lab.experiments.link_change import ChangePlan, add_change_flags
 from lab.experiments.reporting import report_sweep
 from lab.experiments.topology import page
 from lab.experiments.topology.analysis import DEFINITIONS, analyse
@@ -135,7 +136,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a lesson variant: per-tensor runs every row at --bucket-cap-mb 0, one "
         "allreduce per tensor (default: none, torch's defaults)",
     )
-    common.add_link_change(p, "every node's link (the limit's stays bare)")
+    add_change_flags(p, "every node's link (the limit's stays bare)")
     common.add_job_flags(p, _TRAIN_FIELDS, TRAIN_DEFAULTS, "one job")
 
 
@@ -166,7 +167,7 @@ def plan(args: argparse.Namespace) -> TopologyPlan:
         quick=args.quick,
         caps=tuple(args.caps),
         lesson=args.lesson or "",
-        change=common.link_change(args),
+        change=ChangePlan.from_args(args),
     )
 
 
