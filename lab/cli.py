@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from lab.engine import cluster
     from lab.engine.client import EngineUnreachable, LabError
     from lab.engine.distribute import hosts_arg
-    from lab.engine.engines import using
+    from lab.engine.placement import using
     from lab.report.failed import guarded
 
     parser, subparsers = build_parser()

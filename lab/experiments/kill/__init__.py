@@ -16,7 +16,7 @@ from typing import Any
 
 from ddp.torchfree import TrainConfig, add_train_arguments, flag_of
 from lab import args as common
-from lab.engine.engines import current
+from lab.engine.placement import current
 from lab.experiments.kill import live, restart, torchrun
 from lab.experiments.kill.live import LivePlan, LiveResult, options
 from lab.experiments.kill.live.plan import COORDINATOR_LOST, LIVE_TRAIN, TARGETS
