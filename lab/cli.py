@@ -25,7 +25,7 @@ _EXAMPLES = """\
 examples:
   python -m lab image                               # once: the lab image
   python -m lab up                                  # 4 nodes x 1 rank to the parity verdict
-  python -m lab up --topology lab/experiments/up/topologies/2x2.yaml
+  python -m lab up --topology lab/topologies/2x2.yaml
   python -m lab latency --ms 5                      # bucketing and overlap under link delay
   python -m lab kill --rank 2 --at-step 5 --mode pause
   python -m lab straggler --quick                   # one slow rank makes every step slow

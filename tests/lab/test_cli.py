@@ -5,8 +5,8 @@ import argparse
 
 from ddp.program.config import TrainConfig
 from lab.cli import build_parser, commands
+from lab.experiments.up import TOPOLOGIES
 from lab.experiments.up import plan as up_plan
-from lab.experiments.up.plan import TOPOLOGIES
 from tests.helpers import cli_error
 
 

@@ -23,7 +23,7 @@ from lab.experiments.kill.live.plan import COORDINATOR_LOST, LIVE_TRAIN, TARGETS
 from lab.experiments.kill.restart import KillPlan, KillResult
 from lab.experiments.kill.restart.plan import DEFAULT_TRAIN, RUN_TIMEOUT_HELP
 from lab.experiments.kill.torchrun import TorchrunKillPlan, TorchrunKillResult
-from lab.experiments.up.plan import LAUNCHERS
+from lab.experiments.up import LAUNCHERS
 from lab.faults import FAULTS
 from lab.hostflags import add_host_target, host_rank
 
