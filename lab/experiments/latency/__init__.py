@@ -32,7 +32,7 @@ from lab.experiments.latency.result import SweepResult
 from lab.experiments.latency.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.latency.text import closing
 from lab.experiments.link_change import ChangePlan, add_change_flags
-from lab.experiments.reporting import report_sweep
+from lab.report.report import report as report_sweep
 
 NAME = "latency"
 HELP = "inject link latency between containers; sweep bucket caps and overlap"

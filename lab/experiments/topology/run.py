@@ -15,9 +15,9 @@ from lab.engine.cluster import Cluster
 from lab.experiments.changed_job import ChangeTrigger, recheck
 from lab.experiments.followed import holds, train_to_end
 from lab.experiments.sweep import lifetime, sweep_cluster
-from lab.experiments.topology.counters import sampled
 from lab.experiments.topology.plan import Planned, TopologyPlan
 from lab.experiments.topology.result import ConfigRun, LinkInfo, TopologyResult
+from lab.measure.counters import sampled
 from lab.shaping.changing import ChangingLink
 
 __all__ = ["run"]

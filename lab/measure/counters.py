@@ -1,6 +1,6 @@
 """Each node's eth0 byte counters, sampled in the node while a job runs, so that the bytes that
-crossed the link can be cut to exactly the measured steps (:mod:`.wire` does that, from the
-step records' wall clocks).
+crossed the link can be cut to exactly the measured steps (:mod:`lab.experiments.topology.wire`
+does that, from the step records' wall clocks).
 
 Why a sampler and not two reads around the job: a job's total holds its set-up (gloo's
 connections, the parameter broadcast) and two ``docker exec`` reads cannot be placed at step
