@@ -30,7 +30,8 @@ _PLACES = frozenset({"console", "page", "files"})
 @dataclass(frozen=True)
 class Column(Generic[RowT]):
     """One column. ``get`` reads the value from a row (None: an empty cell). ``fmt`` is the
-    format spec for people (console and page), ``suffix`` follows it (``"x"`` for a ratio);
+    float format spec for people (console and page; ints are shown whole), ``suffix``
+    follows it (``"x"`` for a ratio);
     ``digits`` rounds floats in the CSV and JSON (None: as they are). ``width``: the console
     cell, suffix included; ``align`` ``"<"`` for a label column. ``places``: where the column
     appears, of ``console``, ``page``, ``files`` (CSV and JSON)."""
@@ -67,7 +68,7 @@ class Column(Generic[RowT]):
             return ""
         if isinstance(value, float) and math.isnan(value):
             return "n/a"
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and self.fmt:
+        if isinstance(value, float) and self.fmt:  # an int (a rank, a count) is shown whole
             return f"{value:{self.fmt}}{self.suffix}"
         return f"{value}{self.suffix}"
 
