@@ -36,8 +36,7 @@ from lab.engine.memory import oom_kills, peak_mib, set_limit
 from lab.engine.specs import DEFAULT_IMAGE, new_run_id
 from lab.experiments.followed import FAIL_GRACE_S, check_finished, holds, train_followed
 from lab.experiments.sweep import lifetime
-from lab.experiments.topology.wire import parse_samples, window_bytes
-from lab.measure.counters import sampled
+from lab.measure.counters import parse_samples, sampled, window_bytes
 from lab.report.report import Closing
 from lab.report.report import report as report_sweep
 from lab.report.results import Results, sweep_results
