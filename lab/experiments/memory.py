@@ -37,6 +37,7 @@ from lab.engine.specs import DEFAULT_IMAGE, new_run_id
 from lab.experiments.followed import FAIL_GRACE_S, check_finished, holds, train_followed
 from lab.experiments.sweep import lifetime
 from lab.measure.counters import parse_samples, sampled, window_bytes
+from lab.measure.windows import measured_steps, slowest_ms
 from lab.report.report import Closing
 from lab.report.report import report as report_sweep
 from lab.report.results import Results, sweep_results
@@ -504,17 +505,6 @@ class JobFigures:
         return max(states) if states else math.nan
 
 
-def _steps(logs: Mapping[int, RankLog], warmup: int, where: str) -> list[int]:
-    each = [{r.step for r in log.steps if r.step > warmup} for log in logs.values()]
-    steps = sorted(set.intersection(*each)) if each else []
-    if not steps:
-        raise ValueError(
-            f"{where}: no step after the {warmup} warm-up steps was logged by all "
-            f"{len(logs)} ranks; run more --steps"
-        )
-    return steps
-
-
 def job_figures(
     name: str,
     label: str,
@@ -528,13 +518,11 @@ def job_figures(
     """One job's figures from its rank logs, its nodes' eth0 samples (node = rank: one rank per
     node) and the engine's peak per node; ValueError naming ``where`` if they cannot give
     them."""
-    if not logs:
-        raise ValueError(f"{where}: no rank logs")
-    steps = _steps(logs, warmup, where)
-    measured = {k: [r for r in log.steps if r.step in steps] for k, log in logs.items()}
+    by_step = measured_steps(logs, warmup, where)
+    steps = list(by_step)
+    measured = {k: [r for r in log.steps if r.step in by_step] for k, log in logs.items()}
     spans = []
-    for s in steps:
-        recs = [r for rs in measured.values() for r in rs if r.step == s]
+    for recs in by_step.values():
         if any(r.t0 is None for r in recs):
             raise ValueError(
                 f"{where}: step records without wall clock (t0): a ddp older than this"
@@ -564,9 +552,7 @@ def job_figures(
                 statistics.median(r.step_ms for r in recs),
             )
         )
-    job_step = statistics.median(
-        max(r.step_ms for recs in measured.values() for r in recs if r.step == s) for s in steps
-    )
+    job_step = statistics.median(slowest_ms(by_step))
     return JobFigures(
         name,
         label,
