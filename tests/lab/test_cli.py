@@ -66,7 +66,7 @@ def test_every_flag_has_help_and_shows_its_default():
 
 
 def test_a_plugins_submodules_never_shadow_its_functions():
-    """`lab.experiments.up.run` as a module would replace the package's `run()` once imported
+    """`lab.experiments.run.run` as a module would replace the package's `run()` once imported
     (Python binds submodules as package attributes): a second command in one process would
     then call a module."""
     import importlib
