@@ -21,7 +21,6 @@ __all__ = [
     "add_cpus",
     "add_impairments",
     "add_job_flags",
-    "add_link_change",
     "add_nodes",
     "add_procs_per_node",
     "add_rounds",
@@ -37,7 +36,6 @@ __all__ = [
     "definitions",
     "float_list",
     "impairments",
-    "link_change",
     "node_value",
     "number",
     "run_fields",
@@ -179,48 +177,6 @@ def definitions(terms: Mapping[str, str]) -> list[str]:
         textwrap.fill(f"{k} = {v}.", width=92, initial_indent="  ", subsequent_indent="    ")
         for k, v in terms.items()
     ]
-
-
-def add_link_change(p: argparse.ArgumentParser, where: str = "every node's link") -> None:
-    """``--change-at-step S --to-ms X [--to-rate-mbit Y]``: ``where`` changes while each job
-    trains (:mod:`lab.experiments.link_change`); :func:`link_change` reads them."""
-    g = p.add_argument_group(
-        "a link that changes during each job (followed from rank 0's step records)"
-    )
-    g.add_argument(
-        "--change-at-step",
-        type=number(1, kind=int),
-        metavar="S",
-        help=f"when rank 0 reports step S, re-shape {where} and probe it; the table then "
-        "shows each row's steps to recover (default: no change)",
-    )
-    g.add_argument(
-        "--to-ms",
-        type=number(0),
-        metavar="MS",
-        help="the one-way delay after the change; 0 with no --to-rate-mbit: unshaped "
-        "(needed with --change-at-step)",
-    )
-    g.add_argument(
-        "--to-rate-mbit",
-        type=number(0, strict=True),
-        metavar="R",
-        help="and a rate cap of R Mbit/s after the change (default: no cap)",
-    )
-
-
-def link_change(args: argparse.Namespace) -> Any:
-    """The parsed change flags: a :class:`lab.experiments.link_change.ChangePlan`, or None
-    without ``--change-at-step``; ValueError naming the flag that is missing or alone."""
-    from lab.experiments.link_change import ChangePlan  # it imports this module
-
-    if args.change_at_step is None:
-        if args.to_ms is not None or args.to_rate_mbit is not None:
-            raise ValueError("--to-ms and --to-rate-mbit need --change-at-step S: when to change")
-        return None
-    if args.to_ms is None:
-        raise ValueError("--change-at-step needs --to-ms: the delay after the change")
-    return ChangePlan(args.change_at_step, args.to_ms, args.to_rate_mbit)
 
 
 def impairments(args: argparse.Namespace) -> Impairments:

@@ -25,7 +25,7 @@ _EXAMPLES = """\
 examples:
   python -m lab image                               # once: the lab image
   python -m lab up                                  # 4 nodes x 1 rank to the parity verdict
-  python -m lab up --topology lab/experiments/up/topologies/2x2.yaml
+  python -m lab up --topology lab/topologies/2x2.yaml
   python -m lab latency --ms 5                      # bucketing and overlap under link delay
   python -m lab kill --rank 2 --at-step 5 --mode pause
   python -m lab straggler --quick                   # one slow rank makes every step slow
@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from lab.engine import cluster
     from lab.engine.client import EngineUnreachable, LabError
     from lab.engine.distribute import hosts_arg
-    from lab.engine.engines import using
+    from lab.engine.placement import using
     from lab.report.failed import guarded
 
     parser, subparsers = build_parser()

@@ -9,8 +9,8 @@ import argparse
 
 from lab.args import number
 from lab.engine.client import connect
-from lab.engine.engines import current
 from lab.engine.hosts import LOCAL, HostSet, parse_hosts, parse_placement
+from lab.engine.placement import current
 
 __all__ = ["add_host_flags", "add_host_target", "check_nodes", "host_rank", "host_set", "reach"]
 

@@ -1,7 +1,7 @@
 """A run's containers, network and volume, as a context manager that always cleans up.
 
 ``with Cluster(client, layout, run_dir=...) as cluster:`` creates the network, the volume and
-one idle container per node, on one engine or placed on several (:mod:`lab.engine.engines`);
+one idle container per node, on one engine or placed on several (:mod:`lab.engine.placement`);
 if that fails half-way, what exists is removed before the error propagates. Jobs are exec'd
 into the nodes with :meth:`Cluster.job` or :meth:`Cluster.train`; on the way out, also on
 errors and Ctrl-C, every job's output and its directory on the volume (each engine's) are
@@ -24,11 +24,11 @@ from docker.models.containers import Container
 import docker
 from ddp.torchfree import TrainConfig
 from lab.engine.client import LabError, require_image
-from lab.engine.engines import Engines, current, down
 from lab.engine.events import Event
 from lab.engine.hosts import HostSet
 from lab.engine.job import Job, JobOptions
 from lab.engine.layout import Layout
+from lab.engine.placement import Engines, current, down
 from lab.engine.reach import check_reach
 from lab.engine.specs import (
     DEFAULT_IMAGE,
@@ -86,7 +86,7 @@ class Cluster:
         ptrace: bool = False,
     ) -> None:
         self.client, self.layout, self.image = client, layout, image
-        # The hosts of the run (--hosts, default the local engine alone): see lab.engine.engines.
+        # The hosts of the run (--hosts, default the local engine alone): see lab.engine.placement.
         self.engines = Engines(client, hosts or current(), layout.nodes, echo)
         self.run_id = run_id or new_run_id()
         self.run_dir = run_dir

@@ -19,7 +19,15 @@ from lab.engine.events import Event
 from lab.engine.job import Job
 from lab.progress import Progress, follow_steps
 
-__all__ = ["FAIL_GRACE_S", "WAIT_SLACK_S", "Bounds", "check_finished", "holds", "train_to_end"]
+__all__ = [
+    "FAIL_GRACE_S",
+    "WAIT_SLACK_S",
+    "Bounds",
+    "check_finished",
+    "holds",
+    "train_followed",
+    "train_to_end",
+]
 
 FAIL_GRACE_S = 10.0  # after a rank fails, how long the others get to say what they saw
 WAIT_SLACK_S = 30.0  # the launcher ends ranks at --run-timeout; the host waits this much more
@@ -31,6 +39,38 @@ class Bounds(Protocol):
 
     run_timeout_s: float
     progress: bool
+
+
+def train_followed(
+    cluster: Cluster,
+    name: str,
+    cfg: TrainConfig,
+    plan: Bounds,
+    *,
+    echo: Callable[[str], None],
+    on_event: Callable[[Event], None] | None = None,
+    fail_grace_s: float = FAIL_GRACE_S,
+) -> tuple[Job, list[int]]:
+    """Run job ``name`` with ``cfg`` on every rank under a progress line, within ``plan``'s run
+    timeout; return it with the ranks still running, unjudged. ``on_event`` sees every event
+    after the progress does (e.g. a step record that is the moment to change the link);
+    ``fail_grace_s`` is how long the others get after a rank fails (a job where a rank killed
+    for memory is an outcome gives its peers their collective timeout to notice)."""
+    timeout_s = plan.run_timeout_s
+    shown = Progress(cfg.steps, enabled=plan.progress, echo=echo)
+    follow = follow_steps(shown)
+
+    def followed(event: Event) -> None:
+        follow(event)
+        if on_event is not None:
+            on_event(event)
+
+    try:
+        job = cluster.train(name, cfg, timeout_s, echo=followed)
+        running = job.wait(timeout_s + WAIT_SLACK_S, fail_grace_s=fail_grace_s)
+    finally:
+        shown.close()
+    return job, running
 
 
 def train_to_end(
@@ -45,30 +85,15 @@ def train_to_end(
     broken_parity_ok: bool = False,
     on_event: Callable[[Event], None] | None = None,
 ) -> Job:
-    """Run job ``name`` with ``cfg`` on every rank, within ``plan``'s run timeout, and return
-    it once every rank finished; raises as :func:`check_finished` does. ``where`` names the job
-    in errors; ``on_event`` sees every event after the progress does (e.g. a step record that
-    is the moment to change the link)."""
-    timeout_s = plan.run_timeout_s
-    shown = Progress(cfg.steps, enabled=plan.progress, echo=echo)
-    follow = follow_steps(shown)
-
-    def followed(event: Event) -> None:
-        follow(event)
-        if on_event is not None:
-            on_event(event)
-
-    try:
-        job = cluster.train(name, cfg, timeout_s, echo=followed)
-        running = job.wait(timeout_s + WAIT_SLACK_S, fail_grace_s=FAIL_GRACE_S)
-    finally:
-        shown.close()
+    """:func:`train_followed`, then held to :func:`check_finished`: the job once every rank
+    finished. ``where`` names the job in errors."""
+    job, running = train_followed(cluster, name, cfg, plan, echo=echo, on_event=on_event)
     check_finished(
         job,
         running,
         where=where,
         output=cluster.run_dir / name,
-        timeout_s=timeout_s,
+        timeout_s=plan.run_timeout_s,
         slow_hint=slow_hint,
         broken_parity_ok=broken_parity_ok,
     )

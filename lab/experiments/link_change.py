@@ -13,13 +13,14 @@ step series.
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ddp.torchfree import RankLog
-from lab.args import check_finite
+from lab.args import check_finite, number
 
 __all__ = [
     "RECOVER_LAST",
@@ -28,6 +29,7 @@ __all__ = [
     "LinkChange",
     "Recovery",
     "StepPoint",
+    "add_change_flags",
     "link_text",
     "recovery",
     "step_points",
@@ -52,6 +54,20 @@ class ChangePlan:
         check_finite("--to-ms", self.to_ms, 0.0)
         if self.to_rate_mbit is not None:
             check_finite("--to-rate-mbit", self.to_rate_mbit, 0.0, strict=True)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ChangePlan | None:
+        """The flags :func:`add_change_flags` added: a plan, or None without
+        ``--change-at-step``; ValueError naming the flag that is missing or alone."""
+        if args.change_at_step is None:
+            if args.to_ms is not None or args.to_rate_mbit is not None:
+                raise ValueError(
+                    "--to-ms and --to-rate-mbit need --change-at-step S: when to change"
+                )
+            return None
+        if args.to_ms is None:
+            raise ValueError("--change-at-step needs --to-ms: the delay after the change")
+        return cls(args.change_at_step, args.to_ms, args.to_rate_mbit)
 
     def check(self, steps: int, warmup: int) -> None:
         """The change must fall between the warm-up and the last step, with steps after it to
@@ -78,6 +94,35 @@ def link_text(ms: float, rate_mbit: float | None) -> str:
     if ms == 0 and rate_mbit is None:
         return "unshaped"
     return f"{ms:g} ms" + (f", {rate_mbit:g} Mbit/s" if rate_mbit else "")
+
+
+def add_change_flags(p: argparse.ArgumentParser, where: str = "every node's link") -> None:
+    """``--change-at-step S --to-ms X [--to-rate-mbit Y]``: ``where`` changes while each job
+    trains; :meth:`ChangePlan.from_args` reads them. Here, beside the plan they make, so the
+    shared flags (:mod:`lab.args`) need not know this module (it imports them)."""
+    g = p.add_argument_group(
+        "a link that changes during each job (followed from rank 0's step records)"
+    )
+    g.add_argument(
+        "--change-at-step",
+        type=number(1, kind=int),
+        metavar="S",
+        help=f"when rank 0 reports step S, re-shape {where} and probe it; the table then "
+        "shows each row's steps to recover (default: no change)",
+    )
+    g.add_argument(
+        "--to-ms",
+        type=number(0),
+        metavar="MS",
+        help="the one-way delay after the change; 0 with no --to-rate-mbit: unshaped "
+        "(needed with --change-at-step)",
+    )
+    g.add_argument(
+        "--to-rate-mbit",
+        type=number(0, strict=True),
+        metavar="R",
+        help="and a rate cap of R Mbit/s after the change (default: no cap)",
+    )
 
 
 @dataclass

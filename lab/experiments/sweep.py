@@ -6,7 +6,7 @@ An experiment supplies its plan (the settings, each setting's jobs, the run's bo
 (a context manager that shapes, verifies and undoes), how one job runs and the line it prints
 when done. The nodes idle between jobs; on the way out, also on errors and Ctrl-C, the cluster
 collects every job's logs into ``runs/<run-id>/<job>/`` and removes everything of the run. The
-report's side is :mod:`lab.experiments.reporting`.
+report's side is :mod:`lab.report.report`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 
 from lab.engine.client import connect
 from lab.engine.cluster import Cluster
-from lab.experiments.reporting import SweepResult
+from lab.report.report import SweepResult
 
 __all__ = ["Shaped", "lifetime", "run_sweep", "sweep_cluster"]
 

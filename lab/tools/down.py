@@ -28,7 +28,7 @@ def plan(args: argparse.Namespace) -> str | None:
 
 def run(run_id: str | None) -> tuple[int, str]:
     from lab.engine.client import connect
-    from lab.engine.engines import current, down
+    from lab.engine.placement import current, down
     from lab.engine.specs import LABEL
 
     # Workers first: a swarm's overlay network goes on its manager once nothing uses it.

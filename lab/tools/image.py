@@ -97,7 +97,7 @@ def plan(args: argparse.Namespace) -> ImagePlan:
 def run(plan: ImagePlan) -> str:
     from lab.engine.client import connect
     from lab.engine.distribute import image_id, stream_image
-    from lab.engine.engines import current
+    from lab.engine.placement import current
 
     # a build step may print nothing for minutes, a load neither
     members = [(h, connect(3600, h.endpoint)) for h in current().hosts]
@@ -112,7 +112,7 @@ def run(plan: ImagePlan) -> str:
 
 
 def _build(plan: ImagePlan, client: docker.DockerClient) -> None:
-    from lab.engine.image import build_image, download_wheels, probe_base
+    from lab.engine.build import build_image, download_wheels, probe_base
 
     wheelhouse = None
     if plan.offline:

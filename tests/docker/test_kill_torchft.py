@@ -16,7 +16,7 @@ import pytest
 import docker
 from ddp.program.records import load_attempts
 from ddp.recovery.records import HealRecord, RecoveryVerdictRecord
-from lab.engine.image import EXTRAS_LABEL
+from lab.engine.build import EXTRAS_LABEL
 from lab.engine.specs import DEFAULT_IMAGE
 from tests.docker.lab_run import run_lab
 

@@ -14,7 +14,7 @@ import pytest
 
 from ddp.program.records import load_run
 from lab.engine.layout import Layout
-from lab.experiments.topology.plan import QUICK, TopologyPlan
+from lab.experiments.topology import QUICK, TopologyPlan
 from tests.docker.lab_run import PNG, run_lab
 
 pytestmark = pytest.mark.docker

@@ -15,8 +15,7 @@ from lab.engine.cluster import Cluster
 from lab.engine.events import RecordEvent
 from lab.engine.layout import Layout
 from lab.engine.specs import LABEL
-from lab.experiments.up.plan import TOPOLOGIES
-from lab.experiments.up.run import failure_message
+from lab.experiments.up import TOPOLOGIES, failure_message
 from tests.docker.lab_run import lab
 from tests.helpers import leftovers
 

@@ -5,8 +5,8 @@ import argparse
 
 from ddp.program.config import TrainConfig
 from lab.cli import build_parser, commands
+from lab.experiments.up import TOPOLOGIES
 from lab.experiments.up import plan as up_plan
-from lab.experiments.up.plan import TOPOLOGIES
 from tests.helpers import cli_error
 
 
@@ -66,7 +66,7 @@ def test_every_flag_has_help_and_shows_its_default():
 
 
 def test_a_plugins_submodules_never_shadow_its_functions():
-    """`lab.experiments.up.run` as a module would replace the package's `run()` once imported
+    """`lab.experiments.run.run` as a module would replace the package's `run()` once imported
     (Python binds submodules as package attributes): a second command in one process would
     then call a module."""
     import importlib

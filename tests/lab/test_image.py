@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from lab.engine.image import BasePlatform, pip_download_command, platform_tags, requirements
+from lab.engine.build import BasePlatform, pip_download_command, platform_tags, requirements
 
 BOOKWORM = BasePlatform(python="3.11", machine="x86_64", glibc=(2, 36))
 

@@ -10,8 +10,8 @@ import pytest
 
 from ddp.torchfree import RankLog, StepRecord
 from lab.cli import build_parser
+from lab.engine.build import requirements
 from lab.engine.client import LabError
-from lab.engine.image import requirements
 from lab.experiments import kill
 from lab.experiments.kill.live import options
 from lab.experiments.kill.live.analysis import analyse, judge, live_row

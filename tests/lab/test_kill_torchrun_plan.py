@@ -77,8 +77,8 @@ def test_a_plan_refuses_the_same_things_without_the_command_line():
 
 
 def test_host_mode_runs_elastic_down_to_the_nodes_left_and_starts_fresh():
-    from lab.engine.engines import using
     from lab.engine.hosts import HostSet, parse_hosts
+    from lab.engine.placement import using
 
     hosts = HostSet(parse_hosts("unix:///a.sock,unix:///b.sock,unix:///c.sock"))
     argv = ["kill", "--launcher", "torchrun", "--mode", "host", "--host", "2", "--nodes", "3"]

@@ -14,19 +14,22 @@ import pytest
 
 from ddp.program.records import ConfigRecord, EndRecord, RecordLog, StepRecord
 from lab.experiments import memory
-from lab.experiments.memory import analysis, text
-from lab.experiments.memory.limit import MIN_GAP_MIB, choose_limits, describe_limits
-from lab.experiments.memory.outputs import write_files
-from lab.experiments.memory.plan import (
+from lab.experiments.memory import (
     CONFIGS,
     DDP,
     LIMITED,
+    MIN_GAP_MIB,
     SHARDED,
     TORCH_ZERO,
     TRAIN_DEFAULTS,
+    JobRun,
     MemoryPlan,
+    MemoryResult,
+    NodeMemory,
+    choose_limits,
+    describe_limits,
+    write_files,
 )
-from lab.experiments.memory.result import JobRun, MemoryResult, NodeMemory
 
 
 def test_the_plan_runs_one_job_three_ways_then_two_under_the_limit():
@@ -173,7 +176,7 @@ def _result(tmp_path: Path, *, ddp_killed: bool = True, sharded_fits: bool = Tru
 
 
 def test_the_analysis_gives_state_link_and_step_ratios(tmp_path):
-    s = analysis.analyse(_result(tmp_path))
+    s = memory.analyse(_result(tmp_path))
     ddp = s.jobs[DDP.name]
     assert [r.optimizer_state_mb for r in ddp.rows] == [202.0, 202.0]
     assert [r.peak_rss_mib for r in ddp.rows] == [1400.0, 900.0]  # the last step's: the peak
@@ -189,7 +192,7 @@ def test_the_analysis_gives_state_link_and_step_ratios(tmp_path):
     )
     assert x.step_x == pytest.approx(1.0)
     assert s.limit is not None and s.limit.held and s.broken == ""
-    line = text.headline_line(s)
+    line = memory.headline_line(s)
     assert line.startswith("sharded optimizer at 2 ranks: optimizer state 0.50x per rank")
     assert "link bytes 1.00x DDP (torch ZeRO: 1.50x)" in line
     assert line.endswith("; fits in 845 MiB where DDP+Adam was killed")
@@ -200,10 +203,10 @@ def test_the_analysis_gives_state_link_and_step_ratios(tmp_path):
 
 
 def test_a_limit_that_kills_nothing_or_both_is_broken(tmp_path):
-    s = analysis.analyse(_result(tmp_path / "a", ddp_killed=False))
+    s = memory.analyse(_result(tmp_path / "a", ddp_killed=False))
     assert "DDP + Adam was NOT killed" in s.broken
-    assert "DDP+Adam was NOT killed, the sharded run fits" in text.headline_line(s)
-    s = analysis.analyse(_result(tmp_path / "b", sharded_fits=False))
+    assert "DDP+Adam was NOT killed, the sharded run fits" in memory.headline_line(s)
+    s = memory.analyse(_result(tmp_path / "b", sharded_fits=False))
     assert "the sharded run did NOT finish under the limit" in s.broken
 
 
@@ -212,20 +215,20 @@ def test_no_limit_chosen_is_broken_and_said(tmp_path):
     for name in LIMITED.values():
         del result.jobs[name]
     result.limits, result.limit_error = {}, "node1: ... too close to pick a limit"
-    s = analysis.analyse(result)
+    s = memory.analyse(result)
     assert s.limit is None and "no memory-limit run: node1" in s.broken
-    assert text.headline_line(s).endswith("; no memory-limit run")
+    assert memory.headline_line(s).endswith("; no memory-limit run")
 
 
 def test_the_files_hold_every_figure(tmp_path):
-    s = analysis.analyse(_result(tmp_path))
+    s = memory.analyse(_result(tmp_path))
     files = write_files(s)
     assert [f.name for f in files] == ["memory.csv", "memory.txt", "memory.json"]
     with open(files[0]) as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 6 and rows[0]["job"] == "ddp-adam"
     assert float(rows[0]["optimizer_state_mb"]) == 202.0
-    assert files[1].read_text().splitlines()[-1] == text.headline_line(s)
+    assert files[1].read_text().splitlines()[-1] == memory.headline_line(s)
     doc = json.loads(files[2].read_text())
     assert doc["limit"]["ddp_killed"] and doc["limit"]["sharded_fits"]
     assert doc["limit"]["ddp"]["oom_nodes"] == [1] and doc["ratios"]["state_x"] == 0.5
@@ -233,8 +236,8 @@ def test_the_files_hold_every_figure(tmp_path):
 
 
 def test_the_table_has_a_row_per_job_and_rank(tmp_path):
-    s = analysis.analyse(_result(tmp_path))
-    table = text.format_table(s).splitlines()
+    s = memory.analyse(_result(tmp_path))
+    table = memory.format_table(s).splitlines()
     assert table[0].split()[:2] == ["job", "rank"]
     assert len(table) == 1 + 3 * 3  # header; per job two ranks and the job's line
     assert table[1].startswith("DDP + Adam") and "202.0" in table[1]

@@ -1,4 +1,4 @@
-"""lab.experiments.reporting: a sweep's report, built one way from its summary, or why the
+"""lab.report.report: a sweep's report, built one way from its summary, or why the
 collected logs cannot give the figures."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ddp.torchfree import Headline, Page
-from lab.experiments.reporting import Closing, report_sweep, wrote_line
+from lab.report.report import Closing, wrote_line
+from lab.report.report import report as report_sweep
 from lab.report.results import Results
 from lab.report.summary import RunSummary, read_summary
 

@@ -13,7 +13,7 @@ from lab.cli import build_parser
 from lab.engine.layout import Layout
 from lab.experiments import EXPERIMENTS, topology
 from lab.experiments.link_change import ChangePlan
-from lab.experiments.topology.plan import (
+from lab.experiments.topology import (
     CONFIGURATIONS,
     LIMIT,
     QUICK,

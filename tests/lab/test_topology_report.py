@@ -16,10 +16,15 @@ import pytest
 from lab.engine.layout import Layout
 from lab.experiments import topology
 from lab.experiments.link_change import ChangePlan, LinkChange
-from lab.experiments.topology import analysis, text, wire
-from lab.experiments.topology.plan import LIMIT, TopologyPlan
-from lab.experiments.topology.result import ConfigRun, LinkInfo, TopologyResult
-from lab.experiments.topology.text import headline_line
+from lab.experiments.topology import (
+    LIMIT,
+    ConfigRun,
+    LinkInfo,
+    TopologyPlan,
+    TopologyResult,
+    headline_line,
+)
+from lab.measure.counters import at, parse_samples, window_bytes
 from tests.lab.latency_logs import write_logs
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -88,20 +93,20 @@ def _result(
 
 
 def test_counters_are_interpolated_and_cut_to_a_window():
-    samples = wire.parse_samples("10.0 100 50\n11.0 300 150\ngarbage\n12.0 500 250\n12.", "n0")
+    samples = parse_samples("10.0 100 50\n11.0 300 150\ngarbage\n12.0 500 250\n12.", "n0")
     assert [s.t for s in samples] == [10.0, 11.0, 12.0]
-    assert wire.at(samples, 10.5, "n0") == (200.0, 100.0)
-    w = wire.window_bytes({0: samples, 1: samples}, 10.25, 11.75, "job")
+    assert at(samples, 10.5, "n0") == (200.0, 100.0)
+    w = window_bytes({0: samples, 1: samples}, 10.25, 11.75, "job")
     assert (w.tx, w.rx) == (600.0, 300.0)
     with pytest.raises(ValueError, match=r"not at 13\.000"):
-        wire.at(samples, 13.0, "n0")
+        at(samples, 13.0, "n0")
     with pytest.raises(ValueError, match="eth0's counters were not sampled"):
-        wire.parse_samples("", "job node1")
+        parse_samples("", "job node1")
 
 
 def test_rows_and_the_last_line(tmp_path):
     result = _result(tmp_path)
-    tables, jobs = analysis.combine_rounds(result)
+    tables, jobs = topology.combine_rounds(result)
     rows = tables[0].rows
     names = [c.name for c in result.plan.configurations()]
     assert [r.config for r in rows] == names and names[:2] == ["limit", "torch"]
@@ -141,15 +146,15 @@ def test_rows_and_the_last_line(tmp_path):
 def test_rounds_pool_their_steps():
     conf = TopologyPlan().configurations()[3]
     jobs = [
-        analysis.JobFigures([10.0, 12.0, 14.0], 3, None, 2, 1e-7),
-        analysis.JobFigures([20.0, 22.0, 24.0], 3, None, 2, 3e-7),
+        topology.JobFigures([10.0, 12.0, 14.0], 3, None, 2, 1e-7),
+        topology.JobFigures([20.0, 22.0, 24.0], 3, None, 2, 3e-7),
     ]
-    row = analysis.make_row(conf, jobs, True)
+    row = topology.make_row(conf, jobs, True)
     assert row.median_step_ms == 17.0 and row.round_step_ms == (12.0, 22.0)
     assert row.steps_measured == 6 and row.max_param_diff == 3e-7 and row.buckets == 2
     assert math.isnan(row.cross_mb_per_step)  # not sampled
     # without torch's row nothing is compared, and the last line says so honestly
-    derived = analysis.derive_rows([row])[0]
+    derived = topology.derive_rows([row])[0]
     assert math.isnan(derived.speedup_vs_torch) and math.isnan(derived.network_ms)
 
 
@@ -231,7 +236,7 @@ def test_a_link_change_shows_each_rows_steps_to_recover(tmp_path, capsys):
         write_logs(result.log_dir(run), world=4, steps=20, step_ms=ms)
     idle = {"measured": {"p50_ms": 10.6}, "baseline": {"p50_ms": 0.05}, "bulk": {"mbit_s": 19.2}}
     result.links.append(LinkInfo("nfqueue", "asked 5 ms", "", idle, "2x2", "after the change"))
-    tables, _ = analysis.combine_rounds(result)
+    tables, _ = topology.combine_rounds(result)
     by = {r.config: r for r in tables[0].rows}
     assert by["torch"].steps_to_recover == (0,) and by["hierarchical"].steps_to_recover == (2,)
     assert by["torch"].before_ms == 100.0 and by["torch"].after_ms == 200.0
@@ -274,8 +279,8 @@ def test_the_report_writes_its_page_and_summary(tmp_path, capsys):
 
 
 def test_auto_cap_line_compares_with_the_fastest_fixed_cap_and_its_spread():
-    def row(config: str, ms: float, rounds: tuple[float, ...], autos=()) -> analysis.Row:
-        return analysis.Row(config, config, ms, rounds, 8, math.nan, 3, 0.0, True, auto_caps=autos)
+    def row(config: str, ms: float, rounds: tuple[float, ...], autos=()) -> topology.Row:
+        return topology.Row(config, config, ms, rounds, 8, math.nan, 3, 0.0, True, auto_caps=autos)
 
     rows = [
         row("torch", 100.0, (99, 101)),
@@ -283,10 +288,10 @@ def test_auto_cap_line_compares_with_the_fastest_fixed_cap_and_its_spread():
         row("auto-cap", 84.0, (83, 85), (0.5, 0.5)),
         row("cap0.5", 80.0, (76, 84)),
     ]
-    line = text.auto_cap_line(rows)
+    line = topology.auto_cap_line(rows)
     assert line.startswith("auto cap (2x2): chose 0.5 MB, 0.5 MB; median step 84.0 ms, 1.05x")
     assert "of 2 (ours cap0.5: 80.0 ms, its rounds 76/84 ms: spread 10%)" in line
-    assert text.auto_cap_line(rows[:3]) == ""  # no --caps: nothing to judge it against
+    assert topology.auto_cap_line(rows[:3]) == ""  # no --caps: nothing to judge it against
 
 
 def test_comm_auto_plans_are_read_from_rank_0s_plan_records(tmp_path):
@@ -303,9 +308,9 @@ def test_comm_auto_plans_are_read_from_rank_0s_plan_records(tmp_path):
     lines = rank0.splitlines()
     lines[1:1] = [json.dumps({"event": "plan", **dataclasses.asdict(p)}) for p in plans]
     (logs / "rank0.jsonl").write_text("\n".join(lines) + "\n")
-    tables, _ = analysis.combine_rounds(result)
+    tables, _ = topology.combine_rounds(result)
     assert [p["step"] for p in tables[0].row("auto").plans] == [2, 14]
-    assert text.plans_line(tables[0]) == (
+    assert topology.plans_line(tables[0]) == (
         "comm auto's plans (2x2, rank 0, last round): step 2: 25 MB flat, predicted 79.2 ms "
         "(first plan: measured the links); step 14: 5 MB direct, predicted 40.0 ms, measured "
         "120.0 ms (re-planned: steps 50% slower)"

@@ -4,7 +4,7 @@ import pytest
 
 from ddp.program.config import TrainConfig
 from lab.engine.layout import Layout
-from lab.experiments.up.plan import TOPOLOGIES, Topology, UpPlan, load_topology
+from lab.experiments.up import TOPOLOGIES, Topology, UpPlan, load_topology
 
 
 def test_shipped_examples_parse():

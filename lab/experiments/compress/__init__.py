@@ -22,7 +22,7 @@ from lab.experiments.compress.plan import QUICK, TRAIN_DEFAULTS, CompressPlan
 from lab.experiments.compress.result import CompressResult
 from lab.experiments.compress.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.compress.text import closing
-from lab.experiments.reporting import report_sweep
+from lab.report.report import report as report_sweep
 
 NAME = "compress"
 HELP = "gradient compression (fp16, bf16, powersgd) under a bandwidth cap: where it pays"

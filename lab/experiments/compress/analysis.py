@@ -19,6 +19,7 @@ from lab.experiments import timeline
 from lab.experiments.compress.plan import BASELINE
 from lab.experiments.compress.result import CompressResult, HookRun
 from lab.experiments.compress.wire import job_payload_bytes, payload_bytes, ring_factor
+from lab.measure.windows import measured_steps, slowest_ms
 
 __all__ = [
     "DEFINITIONS",
@@ -98,17 +99,8 @@ def job_figures(logs: Logs, warmup: int, where: str) -> JobFigures:
     configs = [log.config for log in logs.values()]
     if any(c is None for c in configs):
         raise ValueError(f"{where}: a rank log has no config record (did the rank start?)")
-    by_step: dict[int, list] = {}
-    for log in logs.values():
-        for r in log.steps:
-            by_step.setdefault(r.step, []).append(r)
-    complete = {s: recs for s, recs in by_step.items() if len(recs) == len(logs)}
-    measured = [max(r.step_ms for r in recs) for s, recs in sorted(complete.items()) if s > warmup]
-    if not measured:
-        raise ValueError(
-            f"{where}: no step after the {warmup} warm-up steps was logged by all "
-            f"{len(logs)} ranks; run more --steps"
-        )
+    complete = measured_steps(logs, warmup, where)
+    measured = slowest_ms(complete)
     last = complete[max(complete)]
     ref = [r for r in last if r.ref_loss is not None]
     diffs = [

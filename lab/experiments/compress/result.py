@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lab.experiments.compress.plan import CompressPlan
-from lab.experiments.reporting import SweepResult
+from lab.report.report import SweepResult
 
 __all__ = ["CompressResult", "HookRun", "LinkInfo"]
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from lab.experiments.compress.analysis import CompressSummary, Crossover, Row
 from lab.experiments.compress.plan import CompressPlan
 from lab.experiments.compress.result import LinkInfo
-from lab.experiments.reporting import Closing
+from lab.report.report import Closing
 
 __all__ = ["closing", "crossover_line", "crossover_lines", "format_table"]
 

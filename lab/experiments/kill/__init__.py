@@ -16,14 +16,14 @@ from typing import Any
 
 from ddp.torchfree import TrainConfig, add_train_arguments, flag_of
 from lab import args as common
-from lab.engine.engines import current
+from lab.engine.placement import current
 from lab.experiments.kill import live, restart, torchrun
 from lab.experiments.kill.live import LivePlan, LiveResult, options
 from lab.experiments.kill.live.plan import COORDINATOR_LOST, LIVE_TRAIN, TARGETS
 from lab.experiments.kill.restart import KillPlan, KillResult
 from lab.experiments.kill.restart.plan import DEFAULT_TRAIN, RUN_TIMEOUT_HELP
 from lab.experiments.kill.torchrun import TorchrunKillPlan, TorchrunKillResult
-from lab.experiments.up.plan import LAUNCHERS
+from lab.experiments.up import LAUNCHERS
 from lab.faults import FAULTS
 from lab.hostflags import add_host_target, host_rank
 

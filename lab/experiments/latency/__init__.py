@@ -31,7 +31,8 @@ from lab.experiments.latency.plan import (
 from lab.experiments.latency.result import SweepResult
 from lab.experiments.latency.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.latency.text import closing
-from lab.experiments.reporting import report_sweep
+from lab.experiments.link_change import ChangePlan, add_change_flags
+from lab.report.report import report as report_sweep
 
 NAME = "latency"
 HELP = "inject link latency between containers; sweep bucket caps and overlap"
@@ -116,7 +117,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "node: 2:20); repeat for several",
     )
     common.add_impairments(p)
-    common.add_link_change(p)
+    add_change_flags(p)
     _add_sweep_arguments(p)
     common.add_warmup(p, 2, " (gloo connection set-up)")
     common.add_rounds(
@@ -190,7 +191,7 @@ def plan(args: argparse.Namespace) -> LatencyPlan:
         cpus=args.cpus,
         phased=phased,
         overlaps=_OVERLAPS[args.overlap],
-        change=common.link_change(args),
+        change=ChangePlan.from_args(args),
     )
 
 

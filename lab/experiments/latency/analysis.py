@@ -17,10 +17,11 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ddp.torchfree import RankLog, StepRecord, load_run
+from ddp.torchfree import RankLog, load_run
 from lab.experiments import timeline
 from lab.experiments.latency.bucket_stats import ConfigTiming, time_buckets
 from lab.experiments.latency.result import ConfigRun, ConfigStats, SweepResult
+from lab.measure.windows import measured_steps, slowest_ms
 
 __all__ = [
     "DEFINITIONS",
@@ -87,21 +88,6 @@ def _calls(calls: set[int], auto: bool) -> int:
     return max(calls)
 
 
-def _complete_steps(logs: Logs, warmup: int, where: str) -> dict[int, list[StepRecord]]:
-    """The measured steps every rank logged, by step."""
-    by_step: dict[int, list[StepRecord]] = {}
-    for log in logs.values():
-        for record in log.steps:
-            by_step.setdefault(record.step, []).append(record)
-    measured = {s: recs for s, recs in by_step.items() if s > warmup and len(recs) == len(logs)}
-    if not measured:
-        raise ValueError(
-            f"{where}: no step after the {warmup} warm-up steps was logged by all "
-            f"{len(logs)} ranks; run more --steps"
-        )
-    return measured
-
-
 def summarize(runs: Sequence[tuple[str, Logs]], warmup: int) -> ConfigStats:
     """Statistics of one configuration pooled over its runs (rounds), given as ``(where, logs)``
     (``where`` names the run in errors); each run's first ``warmup`` steps are left out. A
@@ -117,13 +103,13 @@ def summarize(runs: Sequence[tuple[str, Logs]], warmup: int) -> ConfigStats:
         configs = [log.config for log in logs.values()]
         if any(c is None for c in configs):
             raise ValueError(f"{where}: a rank log has no config record (did the rank start?)")
-        measured = _complete_steps(logs, warmup, where)
+        measured = measured_steps(logs, warmup, where)
         counts = {r.num_buckets for recs in measured.values() for r in recs}
         if None in counts:  # logs of a ddp that did not record it: the construction plan
             counts = {c.num_buckets for c in configs if c is not None}
         calls.update(n for n in counts if n is not None)
         autos += [cap for cap in [_auto_cap(logs)] if cap is not None]
-        step_ms += [max(r.step_ms for r in recs) for _, recs in sorted(measured.items())]
+        step_ms += slowest_ms(measured)
         comm_ms += [max(r.comm_ms for r in recs) for _, recs in sorted(measured.items())]
     return ConfigStats(
         calls=_calls(calls, bool(autos)),

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from lab.experiments.latency.plan import Configuration, LatencyPlan, Phase
 from lab.experiments.link_change import LinkChange, Recovery
-from lab.experiments.reporting import SweepResult as _Sweep
+from lab.report.report import SweepResult as _Sweep
 
 __all__ = ["ConfigRun", "ConfigStats", "LinkReport", "SweepResult"]
 

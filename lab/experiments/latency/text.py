@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from lab.experiments.latency.analysis import Headline, LatencySummary, Row, phase_groups
 from lab.experiments.latency.bucket_stats import format_timing
 from lab.experiments.latency.result import ConfigRun
-from lab.experiments.reporting import Closing
+from lab.report.report import Closing
 from lab.words import count
 
 __all__ = [

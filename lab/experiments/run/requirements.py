@@ -22,9 +22,9 @@ from pathlib import Path
 import docker.errors
 
 import docker
+from lab.engine.build import platform_tags, probe_base
 from lab.engine.client import LabError, require_image
 from lab.engine.distribute import image_id
-from lab.engine.image import platform_tags, probe_base
 from lab.experiments.run.plan import RunPlan
 
 __all__ = ["WHEELHOUSES", "derived_tag", "image_for", "resolve"]

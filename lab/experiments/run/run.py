@@ -36,7 +36,7 @@ from lab.experiments.run.plan import NODE_WORKDIR, RunPlan, workdir_files
 from lab.experiments.run.records import digest_of, step_of
 from lab.experiments.run.result import RunResult, StepSeen
 from lab.experiments.run.workers import Workers
-from lab.experiments.topology.counters import sampled
+from lab.measure.counters import sampled
 
 __all__ = ["JOB", "instrument_env", "run"]
 

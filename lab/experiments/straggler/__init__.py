@@ -15,7 +15,6 @@ import textwrap
 
 from ddp.torchfree import config_from_args
 from lab import args as common
-from lab.experiments.reporting import report_sweep
 from lab.experiments.straggler import page
 from lab.experiments.straggler.analysis import DEFINITIONS, analyse
 from lab.experiments.straggler.outputs import write_files
@@ -23,6 +22,7 @@ from lab.experiments.straggler.plan import QUICK_STEPS, TRAIN_DEFAULTS, Straggle
 from lab.experiments.straggler.result import StragglerResult
 from lab.experiments.straggler.run import run as run  # the package's run(): see lab.experiments
 from lab.experiments.straggler.text import closing
+from lab.report.report import report as report_sweep
 
 NAME = "straggler"
 HELP = "slow one rank (a CPU quota, or a slow link): every rank's step rises to its step"

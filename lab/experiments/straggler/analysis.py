@@ -20,6 +20,7 @@ from ddp.torchfree import RankLog, StepRecord, load_run
 from lab.experiments import timeline
 from lab.experiments.straggler.plan import BASELINE_JOB, SLOWED_JOB
 from lab.experiments.straggler.result import StragglerResult
+from lab.measure.windows import measured_steps, slowest_ms
 
 __all__ = [
     "DEFINITIONS",
@@ -54,26 +55,9 @@ class JobStats:
     steps_measured: int
 
 
-def _measured(logs: Mapping[int, RankLog], warmup: int, where: str) -> dict[int, list[StepRecord]]:
-    by_step: dict[int, list[StepRecord]] = {}
-    for log in logs.values():
-        for r in log.steps:
-            if r.step > warmup:
-                by_step.setdefault(r.step, []).append(r)
-    full = {s: recs for s, recs in by_step.items() if len(recs) == len(logs)}
-    if not full:
-        raise ValueError(
-            f"{where}: no step after the {warmup} warm-up steps was logged by all "
-            f"{len(logs)} ranks; run more --steps"
-        )
-    return full
-
-
 def job_stats(logs: Mapping[int, RankLog], warmup: int, where: str = "logs") -> JobStats:
     """Medians over the steps every rank logged after ``warmup``; ValueError if there are none."""
-    if not logs:
-        raise ValueError(f"{where}: no rank logs")
-    steps = _measured(logs, warmup, where)
+    steps = measured_steps(logs, warmup, where)
     mine: dict[int, list[StepRecord]] = {}
     for recs in steps.values():
         for r in recs:
@@ -87,7 +71,7 @@ def job_stats(logs: Mapping[int, RankLog], warmup: int, where: str = "logs") -> 
         compute_ms={k: med(k, lambda r: r.step_ms - r.comm_ms) for k in ranks},
         waiting_ms={k: med(k, lambda r: r.comm_ms) for k in ranks},
         step_ms={k: med(k, lambda r: r.step_ms) for k in ranks},
-        job_step_ms=statistics.median(max(r.step_ms for r in recs) for recs in steps.values()),
+        job_step_ms=statistics.median(slowest_ms(steps)),
         steps_measured=len(steps),
     )
 

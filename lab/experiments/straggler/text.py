@@ -3,8 +3,8 @@ baseline, and the closing line. Pure."""
 
 from __future__ import annotations
 
-from lab.experiments.reporting import Closing
 from lab.experiments.straggler.analysis import Figures, StragglerSummary
+from lab.report.report import Closing
 
 __all__ = ["closing", "format_table", "headline_line"]
 

@@ -27,8 +27,8 @@ def compared(args: argparse.Namespace) -> tuple[bool, bool]:
 
 def require_torchft(image: str) -> None:
     """The image's ``lab.extras`` label (set by ``lab image --extras``) must name torchft."""
+    from lab.engine.build import EXTRAS_LABEL
     from lab.engine.client import connect
-    from lab.engine.image import EXTRAS_LABEL
 
     try:
         labels = connect().images.get(image).labels or {}

@@ -1,4 +1,5 @@
-"""``python -m lab image``: build the lab image from a registry, or offline from a wheelhouse.
+"""Building the lab image, from a registry or offline from a wheelhouse: the Docker side of
+``python -m lab image`` (:mod:`lab.tools.image` is the command: its flags, plan and words).
 
 Offline means no network inside the build (``network_mode=none``): wheels for the *image's*
 Python and platform (probed by running the base image) are fetched on the host with

@@ -1,0 +1,8 @@
+"""What the lab measures in a run, one module per measurement, imported by every experiment
+that needs it: the steps every rank logged after warm-up (:mod:`.windows`), each node's eth0
+byte counters (:mod:`.counters`). Docker-free except :mod:`.counters`' sampler, which runs in
+the nodes."""
+
+from __future__ import annotations
+
+__all__: list[str] = []
