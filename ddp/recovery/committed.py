@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-__all__ = ["Chain", "chain_of"]
+__all__ = ["Chain", "chain_of", "steps_phrase"]
 
 
 @dataclass
@@ -54,6 +54,21 @@ class Chain:
         """The steps committed once but after a later step: the chain broke without a step
         repeating, which counting alone would not see."""
         return sorted({s for s in self.again if self.committed.count(s) == 1})
+
+    def problems(self, steps: int) -> list[str]:
+        """What is wrong with a commits-only history that was to reach ``steps``, one phrase
+        a kind (empty: every step committed once, in order): the verdicts' shared words."""
+        kinds = [
+            ("steps never committed", self.missing(steps)),
+            ("steps committed twice", self.twice()),
+            ("steps committed out of order", self.out_of_order()),
+        ]
+        return [f"{what}: {steps_phrase(found)}" for what, found in kinds if found]
+
+
+def steps_phrase(steps: list[int]) -> str:
+    """The first eight of ``steps``, and "..." when there are more."""
+    return ", ".join(map(str, steps[:8])) + (" ..." if len(steps) > 8 else "")
 
 
 def chain_of(steps: Iterable[int]) -> Chain:

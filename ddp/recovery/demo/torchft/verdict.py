@@ -7,21 +7,16 @@ Torch-free and pure."""
 from __future__ import annotations
 
 from ddp.program.records import Record, StepRecord
-from ddp.recovery.demo.verdict import Verdict, commit_accounting, redone_phrase
+from ddp.recovery.committed import chain_of
+from ddp.recovery.demo.verdict import Verdict, redone_phrase
 
 __all__ = ["agreement", "judge_history"]
 
 
 def judge_history(history: list[dict], steps: int, failed: int, quorums: int) -> Verdict:
     """``history`` entries are ``{"step", "quorum", "world"}``."""
-    done, missing, twice, disorder = commit_accounting(history, steps)
-    problems = []
-    if missing:
-        problems.append(f"steps never committed: {missing[:8]}")
-    if twice:
-        problems.append(f"steps committed twice: {twice[:8]}")
-    if disorder:
-        problems.append(f"steps committed out of order: {disorder[:8]}")
+    chain = chain_of(h["step"] for h in history)
+    done, problems = chain.committed, chain.problems(steps)
     if problems:
         return Verdict(False, len(done), 0, "torchft run broken: " + "; ".join(problems))
     redone = redone_phrase(failed, quorums)
