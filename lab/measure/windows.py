@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ddp.program.records import RankLog, StepRecord
+from ddp.torchfree import RankLog, StepRecord
 
 __all__ = ["measured_steps", "slowest_ms"]
 
