@@ -6,8 +6,8 @@ validated plan -> the run on the engine -> the result it hands over -> the analy
 figures from the rank logs, as one summary object) -> the files, what is printed and the run's
 page, each built from that summary alone.
 
-``up``, ``topology``, ``straggler`` and ``memory`` are one module each, read top to bottom in
-that order. ``latency``, ``compress``, ``run`` and ``kill`` are still packages whose files are
+``up``, ``topology``, ``straggler``, ``compress`` and ``memory`` are one module each, read top
+to bottom in that order. ``latency``, ``run`` and ``kill`` are still packages whose files are
 named by that role (``plan.py``, ``run.py``, ``result.py``, ``analysis.py``, ``outputs.py``,
 ``text.py``, ``page.py``; ``figures.py`` and ``link.py`` serve them); ``kill`` has one such
 package per path (:mod:`.kill`). Beside them, what several experiments share: the run of a
