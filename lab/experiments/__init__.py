@@ -1,14 +1,19 @@
-"""The lab's experiments, one package each, all of one shape (see :mod:`lab.experiments.base`).
+"""The lab's experiments, all of one shape (see :mod:`lab.experiments.base`).
 
-The command line is built from :data:`EXPERIMENTS`: adding an experiment is a package here and
-its name in this tuple. Every package names its files by their role, and data flows one way
-through them: ``plan.py`` (the pure, validated plan) -> ``run.py`` (the run on the engine) ->
-``result.py`` (what the run hands over) -> ``analysis.py`` (the figures from the rank logs, as
-one summary object) -> ``outputs.py`` (the files), ``text.py`` (what is printed) and
-``page.py`` (the run's page), each built from that summary alone; ``figures.py`` (plots) and
-``link.py`` (a shaped link) serve them. ``lab kill`` has three such packages, one per path
-(:mod:`.kill`). The sweeps share their run (:mod:`.sweep`), their report (:mod:`.reporting`)
-and the per-step timeline (:mod:`.timeline`).
+The command line is built from :data:`EXPERIMENTS`: adding an experiment is a module or
+package here and its name in this tuple. Data flows one way through an experiment: the pure,
+validated plan -> the run on the engine -> the result it hands over -> the analysis (the
+figures from the rank logs, as one summary object) -> the files, what is printed and the run's
+page, each built from that summary alone.
+
+``up``, ``topology``, ``straggler``, ``compress`` and ``memory`` are one module each, read top
+to bottom in that order. ``latency``, ``run`` and ``kill`` are still packages whose files are
+named by that role (``plan.py``, ``run.py``, ``result.py``, ``analysis.py``, ``outputs.py``,
+``text.py``, ``page.py``; ``figures.py`` and ``link.py`` serve them); ``kill`` has one such
+package per path (:mod:`.kill`). Beside them, what several experiments share: the run of a
+sweep (:mod:`.sweep`), one job followed to its end (:mod:`.followed`), a link that changes
+during a job (:mod:`.link_change`, :mod:`.changed_job`) and the per-step timeline
+(:mod:`.timeline`); every experiment reports through :mod:`lab.report.report`.
 
 A package's ``run()`` is its ``run.py``'s, bound by ``from .run import run`` in the package:
 Python binds a submodule as an attribute of its package when it is first imported, and the

@@ -36,7 +36,6 @@ from lab.engine.cluster import Cluster
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE
 from lab.experiments.changed_job import ChangeTrigger, recheck
-from lab.experiments.compress.analysis import job_figures
 from lab.experiments.followed import holds, train_to_end
 from lab.experiments.link_change import (
     RECOVER_LAST,
@@ -52,6 +51,7 @@ from lab.experiments.link_change import (
 )
 from lab.experiments.sweep import lifetime, sweep_cluster
 from lab.measure.counters import Sample, Window, parse_samples, sampled, window_bytes
+from lab.measure.job_figures import job_figures
 from lab.report.common import figures_section
 from lab.report.report import Closing, SweepResult
 from lab.report.report import report as report_sweep

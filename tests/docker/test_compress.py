@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from lab.experiments.compress.plan import QUICK
+from lab.experiments.compress import QUICK
 from tests.docker.lab_run import PNG, run_lab
 
 pytestmark = pytest.mark.docker

@@ -17,10 +17,16 @@ from ddp.program.config import POWERSGD_START_ITER
 from ddp.program.records import ConfigRecord, EndRecord, RecordLog, StepRecord
 from lab.cli import build_parser
 from lab.experiments import compress
-from lab.experiments.compress import analysis, wire
-from lab.experiments.compress.plan import QUICK, TRAIN_DEFAULTS, CompressPlan
-from lab.experiments.compress.result import CompressResult, HookRun, LinkInfo
-from lab.experiments.compress.text import crossover_line, format_table
+from lab.experiments.compress import (
+    QUICK,
+    TRAIN_DEFAULTS,
+    CompressPlan,
+    CompressResult,
+    HookRun,
+    LinkInfo,
+    crossover_line,
+    format_table,
+)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 # The deep MLP's parameters, in the reducer's (reverse) order, in 2 buckets (the first <= 1 MB).
@@ -30,26 +36,29 @@ DEEP = [[[8], [8, 256], *[[256], [256, 256]] * 4], [*[[256], [256, 256]] * 6, [2
 def test_deep_payloads_per_hook():
     numel = sum(math.prod(s) for b in DEEP for s in b)
     assert numel == 668_424  # what the help says: 2.67 MB of float32 gradients
-    assert wire.payload_bytes("none", DEEP) == 4 * (numel + 24)  # + one count per parameter
-    assert wire.payload_bytes("fp16", DEEP) == wire.payload_bytes("bf16", DEEP) == 2 * numel
+    assert compress.payload_bytes("none", DEEP) == 4 * (numel + 24)  # + one count per parameter
+    assert compress.payload_bytes("fp16", DEEP) == compress.payload_bytes("bf16", DEEP) == 2 * numel
     # powersgd rank 1: each 256 x 256 sends P and Q (512 floats); 256 x 32 -> 288; 8 x 256
     # has (8 + 256) x 2 = 528 < 2048, so it is compressed too; the 12 biases go as they are.
     biases = 11 * 256 + 8
-    assert wire.payload_bytes("powersgd", DEEP) == 4 * (10 * 512 + 288 + 264 + biases)
-    assert wire.ring_factor(2) == 1.0 and wire.ring_factor(4) == 1.5
+    assert compress.payload_bytes("powersgd", DEEP) == 4 * (10 * 512 + 288 + 264 + biases)
+    assert compress.ring_factor(2) == 1.0 and compress.ring_factor(4) == 1.5
     # powersgd's first steps are plain allreduces: the job total counts them so
     steps = 5
-    plain, compressed = wire.payload_bytes("plain", DEEP), wire.payload_bytes("powersgd", DEEP)
-    assert wire.job_payload_bytes("powersgd", DEEP, steps) == (
+    plain, compressed = (
+        compress.payload_bytes("plain", DEEP),
+        compress.payload_bytes("powersgd", DEEP),
+    )
+    assert compress.job_payload_bytes("powersgd", DEEP, steps) == (
         POWERSGD_START_ITER * plain + (steps - POWERSGD_START_ITER) * compressed
     )
-    assert wire.job_payload_bytes("fp16", DEEP, steps) == steps * 2 * numel
+    assert compress.job_payload_bytes("fp16", DEEP, steps) == steps * 2 * numel
 
 
 def test_a_small_matrix_is_not_worth_compressing():
     # 4 x 4 = 16 elements; rank 1 would send 8, and 8 x 2 is not below 16: sent as it is
-    assert wire.payload_bytes("powersgd", [[[4, 4]]]) == 4 * 16
-    assert wire.payload_bytes("powersgd", [[[64, 64]]]) == 4 * 128
+    assert compress.payload_bytes("powersgd", [[[4, 4]]]) == 4 * 16
+    assert compress.payload_bytes("powersgd", [[[64, 64]]]) == 4 * 128
 
 
 @pytest.mark.parametrize(
@@ -165,7 +174,7 @@ def _result(tmp_path: Path) -> CompressResult:
 
 
 def test_rows_compare_with_none_at_the_same_rate(tmp_path):
-    rows = analysis.combine_rounds(_result(tmp_path))
+    rows = compress.combine_rounds(_result(tmp_path))
     by = {(r.rate_mbit, r.hook): r for r in rows}
     fp16 = by[(20.0, "fp16")]
     # slowest rank (rank 1: +1 ms) over the 3 steps after the 2 warm-up steps
@@ -174,13 +183,13 @@ def test_rows_compare_with_none_at_the_same_rate(tmp_path):
     assert fp16.final_loss == pytest.approx(2.0501)  # mean of the ranks' losses
     assert fp16.loss_vs_none == pytest.approx(1e-4) and fp16.loss_vs_exact == pytest.approx(0.0501)
     assert fp16.max_param_diff == 1e-5 and fp16.job_sent_mb == 9.0
-    assert fp16.wire_mb == pytest.approx(wire.payload_bytes("fp16", DEEP) / 1e6)
+    assert fp16.wire_mb == pytest.approx(compress.payload_bytes("fp16", DEEP) / 1e6)
     assert by[(20.0, "none")].speedup_vs_none == 1.0
 
 
 def test_the_crossover_is_interpolated_between_the_measured_rates(tmp_path):
-    rows = analysis.combine_rounds(_result(tmp_path))
-    cs = {c.hook: c for c in analysis.crossovers(rows)}
+    rows = compress.combine_rounds(_result(tmp_path))
+    cs = {c.hook: c for c in compress.crossovers(rows)}
     fp16 = cs["fp16"]
     assert fp16.pays_at == (20.0, 1000.0) and (fp16.lowest, fp16.highest) == (20.0, 1000.0)
     ((lo, hi, x),) = fp16.crossings
@@ -249,7 +258,7 @@ def test_rounds_are_pooled_and_each_round_shown(tmp_path):
             20.0, 2, "fp16", "20mbit-fp16-r2", {0: 0, 1: 0}, True, 9.0, {0: 8_000_000, 1: 1_000_000}
         )
     )
-    fp16 = next(r for r in analysis.combine_rounds(result) if (r.rate_mbit, r.hook) == (20, "fp16"))
+    fp16 = next(r for r in compress.combine_rounds(result) if (r.rate_mbit, r.hook) == (20, "fp16"))
     assert fp16.round_step_ms == (501.0, 701.0) and fp16.steps_measured == 6
     assert fp16.median_step_ms == 601.0  # the median of all 6 measured steps
     assert fp16.job_sent_mb == 8.5  # the median of the rounds' busiest nodes

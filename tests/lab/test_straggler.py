@@ -13,9 +13,7 @@ import pytest
 
 from ddp.program.records import ConfigRecord, EndRecord, RecordLog, StepRecord, load_run
 from lab.experiments import straggler
-from lab.experiments.straggler import analysis, text
-from lab.experiments.straggler.plan import TRAIN_DEFAULTS, StragglerPlan
-from lab.experiments.straggler.result import JobRun, StragglerResult
+from lab.experiments.straggler import TRAIN_DEFAULTS, JobRun, StragglerPlan, StragglerResult
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -81,19 +79,19 @@ def _write(log_dir: Path, compute, steps: int = 6, world: int = 4) -> Path:
 
 
 def test_compute_and_waiting_per_rank(tmp_path):
-    base = analysis.job_stats(load_run(_write(tmp_path / "b", lambda r: 20.0)), warmup=2)
-    slow = analysis.job_stats(
+    base = straggler.job_stats(load_run(_write(tmp_path / "b", lambda r: 20.0)), warmup=2)
+    slow = straggler.job_stats(
         load_run(_write(tmp_path / "s", lambda r: 80.0 if r == 1 else 20.0)), warmup=2
     )
     assert slow.compute_ms == {0: 20.0, 1: 80.0, 2: 20.0, 3: 20.0}
     assert slow.waiting_ms == {0: 61.0, 1: 1.0, 2: 61.0, 3: 61.0}
     assert slow.job_step_ms == 81.0 and slow.steps_measured == 4
-    s = analysis.summarize(base, slow, straggler=1)
+    s = straggler.summarize(base, slow, straggler=1)
     assert s.straggler_compute_x == 4.0 and s.job_x == pytest.approx(81 / 21)
     assert s.others_waiting_ms == 61.0
     assert all(r.vs_baseline == pytest.approx(81 / 21) for r in s.rows)  # everyone is slowed
     with pytest.raises(ValueError, match="run more --steps"):
-        analysis.job_stats(load_run(_write(tmp_path / "short", lambda r: 1.0, steps=2)), 2)
+        straggler.job_stats(load_run(_write(tmp_path / "short", lambda r: 1.0, steps=2)), 2)
 
 
 def test_every_file_of_the_report(tmp_path, capsys):
@@ -123,8 +121,8 @@ def test_every_file_of_the_report(tmp_path, capsys):
         e["name"] for e in trace["traceEvents"]
     }
     assert (run_dir / "gantt.png").read_bytes()[:8] == PNG
-    summary = analysis.analyse(result).figures
-    assert text.format_table(summary).count("\n") == 5
-    assert text.headline_line(summary, 1, cpu=False).startswith(
+    summary = straggler.analyse(result).figures
+    assert straggler.format_table(summary).count("\n") == 5
+    assert straggler.headline_line(summary, 1, cpu=False).startswith(
         "straggler rank 1: its link slower, every rank's step 3.9x"
     )
