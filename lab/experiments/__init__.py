@@ -6,14 +6,14 @@ validated plan -> the run on the engine -> the result it hands over -> the analy
 figures from the rank logs, as one summary object) -> the files, what is printed and the run's
 page, each built from that summary alone.
 
-``up``, ``topology``, ``straggler``, ``compress`` and ``memory`` are one module each, read top
-to bottom in that order. ``latency``, ``run`` and ``kill`` are still packages whose files are
+``up``, ``topology``, ``straggler``, ``compress``, ``latency`` and ``memory`` are one module
+each, read top to bottom in that order. ``run`` and ``kill`` are still packages whose files are
 named by that role (``plan.py``, ``run.py``, ``result.py``, ``analysis.py``, ``outputs.py``,
-``text.py``, ``page.py``; ``figures.py`` and ``link.py`` serve them); ``kill`` has one such
-package per path (:mod:`.kill`). Beside them, what several experiments share: the run of a
-sweep (:mod:`.sweep`), one job followed to its end (:mod:`.followed`), a link that changes
-during a job (:mod:`.link_change`, :mod:`.changed_job`) and the per-step timeline
-(:mod:`.timeline`); every experiment reports through :mod:`lab.report.report`.
+``text.py``, ``page.py``); ``kill`` has one such package per path (:mod:`.kill`). Beside them,
+what several experiments share: the run of a sweep (:mod:`.sweep`), one job followed to its end
+(:mod:`.followed`), a link that changes during a job (:mod:`.link_change`,
+:mod:`.changed_job`) and the per-step timeline (:mod:`.timeline`); every experiment reports
+through :mod:`lab.report.report`.
 
 A package's ``run()`` is its ``run.py``'s, bound by ``from .run import run`` in the package:
 Python binds a submodule as an attribute of its package when it is first imported, and the

@@ -81,9 +81,12 @@ class Column(Generic[RowT]):
         return self.text(row)
 
     def datum(self, row: RowT) -> Any:
-        """The value for the CSV and JSON: floats rounded to ``digits``."""
+        """The value for the CSV and JSON: floats rounded to ``digits``; NaN (not measured) is
+        None, an empty CSV cell and JSON's null, since NaN is not JSON."""
         value = self.get(row)
-        if isinstance(value, float) and self.digits is not None and not math.isnan(value):
+        if isinstance(value, float) and math.isnan(value):
+            return None
+        if isinstance(value, float) and self.digits is not None:
             return round(value, self.digits)
         return value
 

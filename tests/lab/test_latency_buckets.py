@@ -11,7 +11,8 @@ import pytest
 
 from ddp.program.records import load_run
 from lab.experiments import timeline
-from lab.experiments.latency.bucket_stats import format_timing, time_buckets
+from lab.experiments.latency import format_timing
+from lab.measure.buckets import time_buckets
 from tests.lab.latency_logs import write_logs
 
 

@@ -16,16 +16,17 @@ import pytest
 from ddp.program.records import load_run
 from lab import cli
 from lab.experiments import latency
-from lab.experiments.latency import analysis, outputs, text
-from lab.experiments.latency.analysis import summarize
-from lab.experiments.latency.phases import (
+from lab.experiments.latency import (
     ACCUMULATE,
     BANDWIDTH_BACKWARD_MS,
     PHASE_BATCH,
+    TRAIN_DEFAULTS,
+    ConfigRun,
     Configuration,
+    LatencyPlan,
+    SweepResult,
+    summarize,
 )
-from lab.experiments.latency.plan import TRAIN_DEFAULTS, LatencyPlan
-from lab.experiments.latency.result import ConfigRun, SweepResult
 from tests.lab.latency_logs import write_logs
 
 
@@ -155,8 +156,8 @@ def _sweep(tmp_path: Path) -> SweepResult:
 
 def test_a_two_phase_report(tmp_path):
     result = _sweep(tmp_path)
-    out = analysis.analyse(result)
-    outputs.write_files(out)
+    out = latency.analyse(result)
+    latency.write_files(out)
     rows = {(r.phase, r.config): r for r in out.rows}
     acc = rows[("latency", "per-parameter, overlap on, accumulate 4")]
     assert (acc.samples, acc.calls) == (4 * PHASE_BATCH, 82)
@@ -167,7 +168,7 @@ def test_a_two_phase_report(tmp_path):
     h = out.headlines[0]
     assert h.bucketing_speedup == pytest.approx(1000 / 150)  # latency-bound phase, overlap on
     assert h.overlap_gain == pytest.approx(1050 / 750)  # bandwidth-bound phase, cap 0.15
-    closing = text.closing(out)
+    closing = latency.closing(out)
     table = "\n".join(closing.table)
     assert re.search(
         r"^latency-bound phase \(5 ms one-way, no rate cap, model tower, global "

@@ -12,7 +12,7 @@ import pytest
 from ddp.program.config import TrainConfig
 from lab import cli
 from lab.experiments import latency
-from lab.experiments.latency.plan import TRAIN_DEFAULTS, Configuration, LatencyPlan
+from lab.experiments.latency import TRAIN_DEFAULTS, Configuration, LatencyPlan
 from tests.helpers import cli_error
 
 

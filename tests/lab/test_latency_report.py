@@ -14,11 +14,17 @@ from pathlib import Path
 import pytest
 
 from ddp.program.records import load_run
-from lab.experiments import timeline
-from lab.experiments.latency import analysis, figures, outputs, text
-from lab.experiments.latency.analysis import ConfigStats, Row, derive_rows, summarize
-from lab.experiments.latency.plan import TRAIN_DEFAULTS, LatencyPlan
-from lab.experiments.latency.result import ConfigRun, SweepResult
+from lab.experiments import latency, timeline
+from lab.experiments.latency import (
+    TRAIN_DEFAULTS,
+    ConfigRun,
+    ConfigStats,
+    LatencyPlan,
+    Row,
+    SweepResult,
+    derive_rows,
+    summarize,
+)
 from tests.lab.latency_logs import write_logs
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -98,7 +104,7 @@ def test_rounds_pool_their_measured_steps_and_parity_must_hold_in_every_round(tm
         return not (conf.cap_mb == 1 and conf.overlap and k == 2)
 
     result = _result(tmp_path, 2, lambda conf, k: 10.0 if k == 1 else 30.0, broken_once)
-    rows = {r.config: r for r in analysis.combine_rounds(result)}
+    rows = {r.config: r for r in latency.combine_rounds(result)}
     cap1 = rows["cap 1 MB, overlap on"]
     assert (cap1.median_step_ms, cap1.steps_measured, cap1.parity) == (23.0, 8, False)
     assert rows["cap 1 MB, overlap off"].parity is True
@@ -123,32 +129,32 @@ def test_derived_columns_headline_and_table():
     assert by[(1, True)].exposed_comm_ms == 130.0
     assert by[(1, True)].speedup_vs_per_parameter == 6.0  # vs per-parameter, overlap on
     assert by[(1, False)].speedup_vs_per_parameter == 5.5  # vs per-parameter, overlap off
-    h = analysis.headline(rows, 5)
+    h = latency.headline(rows, 5)
     assert h.bucketing_speedup == 880.0 / 100.0  # best per-parameter vs best bucketed
     assert h.overlap_gain == 110.0 / 100.0  # best overlap-off vs best overlap-on
     assert (h.per_parameter, h.best_bucketed) == ("0-False", "25-True")
-    assert text.headline_line(h) == (
+    assert latency.headline_line(h) == (
         "bucketing speedup at 5 ms: 8.8x (per-parameter vs best bucketed), overlap gain: 1.1x"
     )
-    table = text.format_table(rows, rate_mbit=100, backward_ms=120)
+    table = latency.format_table(rows, rate_mbit=100, backward_ms=120)
     assert "link delay 5 ms one-way, rate 100 Mbit/s, simulated backward compute 120 ms" in table
     assert "n/a (no sync)" in table and "BROKEN" in table and "6.0x" in table
-    assert analysis.default_timeline_cap(rows, 5) == 25
+    assert latency.default_timeline_cap(rows, 5) == 25
     # One bucket has nothing to overlap: the Gantt chart shows the fastest cap with several.
     one = derive_rows([row(5, 1, True, 150.0, calls=4), row(5, 25, True, 100.0, calls=1)])
-    assert analysis.default_timeline_cap(one, 5) == 1
-    assert analysis.default_timeline_cap(one[1:], 5) == 25  # unless there is none
+    assert latency.default_timeline_cap(one, 5) == 1
+    assert latency.default_timeline_cap(one[1:], 5) == 25  # unless there is none
 
 
 def test_headline_is_nan_when_a_side_was_not_run_and_the_line_says_which():
-    h = analysis.headline([row(1, 0, True, 50.0)], 1)
+    h = latency.headline([row(1, 0, True, 50.0)], 1)
     assert math.isnan(h.bucketing_speedup) and math.isnan(h.overlap_gain)
-    assert text.headline_line(h) == (
+    assert latency.headline_line(h) == (
         "bucketing speedup at 1 ms: n/a (--caps has no 0 or no bucketed cap) (per-parameter vs "
         "best bucketed), overlap gain: n/a (overlap on and off not both run)"
     )
-    only_buckets = analysis.headline([row(1, 1, True, 50.0), row(1, 1, False, 60.0)], 1)
-    assert text.headline_line(only_buckets).endswith("overlap gain: 1.2x")
+    only_buckets = latency.headline([row(1, 1, True, 50.0), row(1, 1, False, 60.0)], 1)
+    assert latency.headline_line(only_buckets).endswith("overlap gain: 1.2x")
 
 
 def test_overlap_gain_per_cap_line():
@@ -159,14 +165,14 @@ def test_overlap_gain_per_cap_line():
         row(5.0, 1.0, True, 218.4),
         row(5.0, 1.0, False, 273.4),
     ]
-    assert text.overlap_by_cap_line(rows, 5.0) == (
+    assert latency.overlap_by_cap_line(rows, 5.0) == (
         "overlap gain per cap at 5 ms: per-parameter 1.14x, 1 MB 1.25x"
     )
 
 
 def test_describe_a_finished_configuration(tmp_path):
     run = _result(tmp_path, 1, lambda conf, k: 50.0).runs[1]
-    line = text.describe(run, 2, 5)
+    line = latency.describe(run, 2, 5)
     assert line.startswith("[ 2/5] 5 ms round 1  per-parameter, overlap on")
     assert "24 allreduce/step  median step     53.0 ms  parity holds  (1 s)" in line
 
@@ -179,19 +185,19 @@ def test_csv_json_and_plot(tmp_path):
             for cap, ov in [(None, None), (0, True), (0, False), (4, True), (4, False)]
         ]
     )
-    outputs.write_csv(tmp_path / "l.csv", rows)
+    latency.write_csv(tmp_path / "l.csv", rows)
     with open(tmp_path / "l.csv") as f:
         got = list(csv.DictReader(f))
     assert len(got) == 10
     assert got[0]["parity"] == "n/a (no sync)" and got[0]["bucket_cap_mb"] == ""
     assert got[1]["allreduce_calls_per_step"] == "24" and got[1]["parity"] == "holds"
-    heads = [analysis.headline(rows, ms) for ms in (1, 5)]
-    outputs.write_json(tmp_path / "l.json", rows, heads, {"run_id": "r", "dir": tmp_path})
+    heads = [latency.headline(rows, ms) for ms in (1, 5)]
+    latency.write_json(tmp_path / "l.json", rows, heads, {"run_id": "r", "dir": tmp_path})
     doc = json.loads((tmp_path / "l.json").read_text())  # NaN would not parse as strict JSON
     assert doc["run_id"] == "r" and len(doc["rows"]) == 10 and len(doc["headline"]) == 2
     assert doc["rows"][0]["speedup_vs_per_parameter"] is None and doc["dir"] == str(tmp_path)
     assert set(doc["definitions"]) >= {"bucketing speedup", "overlap gain"}
-    figures.plot_sweep(tmp_path / "l.png", rows)
+    latency.plot_sweep(tmp_path / "l.png", rows)
     assert (tmp_path / "l.png").read_bytes()[:8] == PNG
 
 
@@ -266,8 +272,8 @@ def test_the_files_from_collected_logs(tmp_path):
         return 20.0 + (0.0 if conf.is_floor else 30.0 * (24 if conf.cap_mb == 0 else 4))
 
     result = _result(tmp_path, 2, step_ms)
-    summary = analysis.analyse(result)
-    files = outputs.write_files(summary)
+    summary = latency.analyse(result)
+    files = latency.write_files(summary)
     assert [f.name for f in files] == [
         "latency.csv",
         "latency.png",
@@ -286,7 +292,7 @@ def test_the_files_from_collected_logs(tmp_path):
     assert [b["comm_ms"] for b in doc["bucket_timings"][0]["buckets"]] == [37.0, 55.0, 73.0, 91.0]
     assert doc["bucket_timings"][1]["buckets"][0]["compute_ms"] is None
     assert doc["headline"][0]["bucketing_speedup"] == pytest.approx(743 / 143)  # slowest +3
-    assert HEADLINE.match(text.headline_line(summary.headlines[0]))
+    assert HEADLINE.match(latency.headline_line(summary.headlines[0]))
     assert len(doc["rows"]) == 5 and doc["rows"][1]["steps_measured"] == 8  # 2 rounds x 4
     assert len(doc["runs"]) == 10 and doc["runs"][0]["name"] == "5ms-nosync-r1"
     assert doc["settings"]["train"]["model"] == "tower" and doc["settings"]["caps"] == [0, 1]

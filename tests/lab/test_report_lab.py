@@ -12,11 +12,17 @@ import pytest
 
 from ddp.program.records import ConfigRecord, FailureRecord, RecordLog, StepRecord, load_run
 from lab.experiments import latency
-from lab.experiments.latency.analysis import analyse, summarize
-from lab.experiments.latency.outputs import write_files
-from lab.experiments.latency.page import page as latency_page
-from lab.experiments.latency.plan import TRAIN_DEFAULTS, LatencyPlan
-from lab.experiments.latency.result import ConfigRun, LinkReport, SweepResult
+from lab.experiments.latency import (
+    TRAIN_DEFAULTS,
+    ConfigRun,
+    LatencyPlan,
+    LinkReport,
+    SweepResult,
+    analyse,
+    summarize,
+    write_files,
+)
+from lab.experiments.latency import page as latency_page
 from lab.report.failed import failure_report, key_figure, report_failure
 from lab.report.publish import publish
 from lab.report.summary import read_summary

@@ -33,6 +33,8 @@ def test_one_table_four_renderings():
     assert list(page.headers) == ["rank", "step ms", "vs baseline"]
     assert page.rows[0] == [0, 20.04, "3.86x"] and page.rows[2] == ["job", 81.0, ""]
     assert t.records()[0] == {"rank": 0, "step_ms": 20.04, "x": 3.86, "note": "a"}
+    assert t.records()[1]["step_ms"] is None  # NaN: not measured, an empty cell and null
+    assert t.csv().splitlines()[2] == "1,,1.0,b"
     assert t.csv().splitlines()[0] == "rank,step_ms,x,note" and len(t.csv().splitlines()) == 3
 
 

@@ -13,6 +13,9 @@ measured steps (warm-up steps excluded), in ms:
 - ``after_backward_ms``: how far past the end of backward it completed (0 if before): what
   of it the step had to wait for.
 
+Why here and not in ``lab latency``: the figures are what one job's step records say about its
+buckets, a measurement like the measured window (:mod:`.windows`), and any experiment whose
+ranks log the bucket timeline can take them; ``lab latency`` prints them beside its Gantt chart.
 Built from ``ddp.program.records.StepRecord``'s ``backward_ms`` and ``buckets_ms``. Pure.
 """
 
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 
 from ddp.torchfree import RankLog, StepRecord
 
-__all__ = ["BucketTiming", "ConfigTiming", "format_timing", "time_buckets"]
+__all__ = ["BucketTiming", "ConfigTiming", "time_buckets"]
 
 
 @dataclass(frozen=True)
@@ -109,23 +112,3 @@ def time_buckets(
         samples=len(records),
         buckets=tuple(buckets),
     )
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
-def format_timing(t: ConfigTiming) -> str:
-    """A block of the console report: the step's phases, then a line per bucket."""
-    lines = [
-        f"{t.config}: forward {t.forward_ms:.1f} ms, backward {t.backward_ms:.1f} ms, "
-        f"step {t.step_ms:.1f} ms (medians of {t.samples} rank-steps)",
-        f"  {'bucket':<8}{'compute ms':>11}{'launch ms':>11}{'allreduce ms':>14}"
-        f"{'done after backward ms':>24}",
-    ]
-    for b in t.buckets:
-        lines.append(
-            f"  {'b' + str(b.bucket):<8}{_num(b.compute_ms):>11}{b.launch_ms:>11.1f}"
-            f"{b.comm_ms:>14.1f}{b.after_backward_ms:>24.1f}"
-        )
-    return "\n".join(lines)
