@@ -28,6 +28,7 @@ from ddp.program.rendezvous import check_reachable
 from ddp.program.train import run_rank
 from ddp.recovery.demo.cli import add_fault_arguments, check_live_run
 from ddp.recovery.demo.rank import exit_now
+from ddp.recovery.etcd.client import ENV_ENDPOINTS
 from ddp.report.local import write_local_report
 
 __all__ = ["main"]
@@ -57,9 +58,13 @@ def _run_local(args: argparse.Namespace, cfg: TrainConfig, argv: list[str]) -> i
 
 
 def _rendezvous(args: argparse.Namespace, cfg: TrainConfig) -> Rendezvous:
-    if cfg.recovery in ("live", "torchft") and args.init_method is None and cfg.coordinator:
-        # The coordinator's store is the rendezvous (torchft's lighthouse: the quorum's place).
-        args.init_method = f"tcp://{cfg.coordinator}"
+    if cfg.recovery in ("live", "torchft") and args.init_method is None:
+        # Nothing rendezvouses but the quorums, in the control plane: the job's etcd, the
+        # coordinator's store or torchft's lighthouse. The URL only names where that is.
+        if cfg.coordinator:
+            args.init_method = f"tcp://{cfg.coordinator}"
+        elif cfg.recovery == "live" and os.environ.get(ENV_ENDPOINTS):
+            args.init_method = "env://"
     flags = {
         "--rank": args.rank,
         "--world-size": args.world_size,

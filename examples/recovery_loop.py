@@ -1,17 +1,15 @@
 """A plain training loop with live recovery: its own model, optimizer, LR scheduler and data,
 wrapped by ``ddp.wrapper``'s ``DistributedDataParallel`` or torch's, and ten lines marked
 ``# recovery`` for ``ddp.recovery.api`` (``--records`` is optional, for
-``python -m ddp.recovery.harness.launch``). Start the coordinator, then one process per replica,
-all with the job's secret in their environment:
+``python -m ddp.recovery.harness.launch``). The launcher starts the job's control plane (its
+own etcd, with a certificate and a secret made for the job, and a decider), then the replicas:
 
-    export DDP_RECOVERY_SECRET=$(python -c 'import secrets; print(secrets.token_hex(16))')
-    export DDP_RECOVERY_COORDINATOR=127.0.0.1:29500
-    python -m ddp.recovery.protocol.coordinator --port 29500 --world-size 3 &
-    for r in 0 1 2; do RANK=$r python examples/recovery_loop.py & done
+    python -m ddp.recovery.harness.launch --world-size 3 --kill-rank 1 --kill-at-step 6 \\
+        --rejoin examples/recovery_loop.py --steps 200 --compute-ms 40
 
-Kill one (``kill -9``): the others go on at world 2 within a fraction of a second. Start it
-again (the same ``RANK``): it joins at the next step boundary, receives the state of a healthy
-replica, and trains on. Each process ends by printing the digest of its parameters: every
+A killed replica (``kill -9``): the others go on at world 2 within a fraction of a second.
+A replacement (the same ``RANK``) joins at the next step boundary, receives the state of a
+healthy replica, and trains on. Each process ends by printing the digest of its parameters: every
 replica that finished prints the same one.
 """
 

@@ -63,10 +63,14 @@ from torch import nn
 
 from ddp.flight.diagnosis import PeerFailure
 from ddp.flight.gloo_errors import error_meaning
+from ddp.recovery.etcd.client import ENV_CREDENTIALS, ENV_ENDPOINTS, Credentials
+from ddp.recovery.etcd.decider import JOB_ENV
+from ddp.recovery.etcd.job import check_job_id
+from ddp.recovery.etcd.member import EtcdMember
 from ddp.recovery.failpoints import failpoint
 from ddp.recovery.protocol.group import build_group, keep_groups_past_exit
 from ddp.recovery.protocol.heal import Heal, flatten, heal, state_digest
-from ddp.recovery.protocol.member import Member
+from ddp.recovery.protocol.member import Member, MemberState
 from ddp.recovery.protocol.messages import Quorum
 from ddp.recovery.protocol.waiting import QuorumLost, wait_work
 from ddp.recovery.records import (
@@ -104,6 +108,11 @@ class ManagerConfig:
 
     coordinator: str | None = None
     replica: int | None = None
+    # The control plane on etcd instead of a coordinator: the cluster (endpoints and the job's
+    # client certificate; default from DDP_ETCD_ENDPOINTS and DDP_ETCD_CREDENTIALS) and the
+    # job's id (default DDP_RECOVERY_JOB, else "job").
+    etcd: Credentials | None = None
+    job: str | None = None
     heartbeat_timeout_s: float = 2.0
     timeout_s: float = 60.0
     # Every commit record carries the sha256 of the state the step was computed from (what
@@ -113,14 +122,21 @@ class ManagerConfig:
 
     def __post_init__(self) -> None:
         self.coordinator = self.coordinator or os.environ.get(COORDINATOR_ENV)
-        if not self.coordinator:
+        if self.etcd is None and not self.coordinator and os.environ.get(ENV_ENDPOINTS):
+            self.etcd = Credentials.from_env()
+        if self.etcd is not None:
+            self.job = check_job_id(self.job or os.environ.get(JOB_ENV) or "job")
+        elif not self.coordinator:
             raise ValueError(
-                f"no coordinator: pass coordinator='HOST:PORT' or set {COORDINATOR_ENV} "
-                "(start one with python -m ddp.recovery.protocol.coordinator)"
+                f"no control plane: set {ENV_ENDPOINTS} and {ENV_CREDENTIALS} (a job's etcd, "
+                f"as python -m ddp.recovery.harness.launch starts one), or pass "
+                f"coordinator='HOST:PORT' or set {COORDINATOR_ENV} (python -m "
+                "ddp.recovery.protocol.coordinator)"
             )
-        host, _, port = self.coordinator.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"coordinator must be HOST:PORT, got {self.coordinator!r}")
+        else:
+            host, _, port = self.coordinator.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"coordinator must be HOST:PORT, got {self.coordinator!r}")
         if self.replica is None:
             if not os.environ.get("RANK", "").isdigit():
                 raise ValueError("no replica id: pass replica=N or set RANK to this process's id")
@@ -272,13 +288,25 @@ class Manager:
         self._index: dict[int, int] = {}  # id(parameter) -> its place in the model
         self._step_reduce: _StepAllreduce | None = None
         failpoint("rank.registering")  # the loop's state is built, not registered yet
-        self.member = Member(
-            self.config.coordinator,  # type: ignore[arg-type]
-            self.replica,
-            self.config.heartbeat_timeout_s,
-            self.config.timeout_s,
-            self._noticed,
-        )
+        cfg = self.config
+        self.member: MemberState
+        if cfg.etcd is not None:
+            self.member = EtcdMember(
+                cfg.etcd,
+                cfg.job,  # type: ignore[arg-type]
+                self.replica,
+                cfg.heartbeat_timeout_s,
+                cfg.timeout_s,
+                self._noticed,
+            )
+        else:
+            self.member = Member(
+                cfg.coordinator,  # type: ignore[arg-type]
+                self.replica,
+                cfg.heartbeat_timeout_s,
+                cfg.timeout_s,
+                self._noticed,
+            )
 
     # -- what the loop asks ---------------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """The example loop (``examples/recovery_loop.py``: its own model, data and LR scheduler, on
-``ddp.recovery.api``) with real processes: a coordinator and three replicas; replica 1 is
-SIGKILLed mid-run and a replacement started. Every step must be committed exactly once by each
-survivor, the replacement must heal from a peer, and every replica that finished must end with
-the same parameters, with our wrapper and with torch's DDP."""
+``ddp.recovery.api``) with real processes: the job's own etcd, its decider and three
+replicas; replica 1 is SIGKILLed mid-run and a replacement started. Every step must be
+committed exactly once by each survivor, the replacement must heal from a peer, and every
+replica that finished must end with the same parameters, with our wrapper and with torch's
+DDP."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from ddp.program.records import read_rank_log
-from ddp.recovery.harness.launch import local_env
+from ddp.recovery.harness.launch import local_job
 from ddp.recovery.records import CommitRecord, HealRecord
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "recovery_loop.py"
@@ -61,8 +62,11 @@ def _wait_for(what: str, cond, deadline: float) -> None:
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("wrapper", ["ours", "torch"])
 def test_example_loop_survives_a_kill_and_heals_a_replacement(tmp_path, wrapper):
-    env = local_env()
-    port = int(env["DDP_RECOVERY_COORDINATOR"].rpartition(":")[2])
+    with local_job(3) as (env, decider):
+        _run_example(tmp_path, wrapper, env, decider)
+
+
+def _run_example(tmp_path: Path, wrapper: str, env: dict[str, str], decider: list[str]) -> None:
     procs: dict[str, subprocess.Popen] = {}
 
     def start(name: str, argv: list[str], rank: int | None = None) -> None:
@@ -85,10 +89,7 @@ def test_example_loop_survives_a_kill_and_heals_a_replacement(tmp_path, wrapper)
 
     deadline = time.monotonic() + 130
     try:
-        start(
-            "coordinator",
-            ["-m", "ddp.recovery.protocol.coordinator", "--port", str(port), "--world-size", "3"],
-        )
+        start("coordinator", decider)
         for r in range(3):
             replica(f"r{r}", r)
         # The replacement pays for its imports now: on a loaded host they may take longer

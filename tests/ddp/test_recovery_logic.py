@@ -154,7 +154,7 @@ def test_figures_and_timeline_from_records():
         (["--recovery", "live", "--world-size", "1"], "--recovery live needs --world-size >= 2"),
         (
             ["train", "--recovery", "live", "--rank", "0", "--world-size", "2"],
-            "--recovery live needs --coordinator HOST:PORT",
+            "--recovery live needs a control plane: the job's etcd in DDP_ETCD_ENDPOINTS",
         ),
         (["--kill-rank", "1", "--kill-at-step", "2"], "need --recovery live"),
         (

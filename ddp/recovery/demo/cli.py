@@ -4,8 +4,10 @@ and the checks that refuse bad input before any process starts (exit 2). Torch-f
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
+from ddp.recovery.etcd.client import ENV_ENDPOINTS
 from ddp.recovery.protocol.messages import SECRET_ENV, job_secret
 
 __all__ = ["add_fault_arguments", "check_live_run"]
@@ -69,11 +71,15 @@ def check_live_run(
         from ddp.recovery.demo.torchft import require_torchft
 
         require_torchft()
-    if one_rank and not cfg.coordinator:
-        raise ValueError(
-            f"--recovery {mode} needs --coordinator HOST:PORT: start one first with "
-            + _server(mode, world_size)
+    etcd = mode == "live" and bool(os.environ.get(ENV_ENDPOINTS))  # a launcher's job etcd
+    if one_rank and not cfg.coordinator and not etcd:
+        plane = (
+            f"a control plane: the job's etcd in {ENV_ENDPOINTS} (python -m ddp --recovery live "
+            "starts one), or --coordinator HOST:PORT started with "
+            if mode == "live"
+            else "--coordinator HOST:PORT: start one first with "
         )
+        raise ValueError(f"--recovery {mode} needs {plane}" + _server(mode, world_size))
     if world_size is not None and world_size < 2:
         raise ValueError(
             f"--recovery {mode} needs --world-size >= 2, got {world_size}: with one rank there "

@@ -28,6 +28,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 __all__ = [
+    "ENV_CREDENTIALS",
+    "ENV_ENDPOINTS",
     "KV",
     "Credentials",
     "Etcd",

@@ -16,37 +16,52 @@ without it. Exit 0 if every replica that was not killed exited 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from ddp.program.records import Record, load_attempts, log_name, parse_record_line
+from ddp.recovery.api import COORDINATOR_ENV
 from ddp.recovery.demo.timeline import figures, figures_line, timeline
+from ddp.recovery.etcd.cluster import EmbeddedEtcd
+from ddp.recovery.etcd.decider import JOB_ENV
+from ddp.recovery.protocol.messages import SECRET_ENV, SECRET_FILE_ENV
 from ddp.recovery.records import CommitRecord
 
-__all__ = ["local_env", "main"]
+__all__ = ["local_job", "main"]
 
 
-def local_env() -> dict[str, str]:
-    """The environment of a job on this host, for its coordinator and every replica: a free
-    port on loopback for the coordinator, a fresh secret (in the environment, which other
-    users cannot read, never on a command line), and gloo kept on loopback too."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "DDP_RECOVERY_COORDINATOR": f"127.0.0.1:{port}",
-        "DDP_RECOVERY_SECRET": secrets.token_hex(16),
-        "GLOO_SOCKET_IFNAME": "lo",
-    }
+@contextlib.contextmanager
+def local_job(
+    world_size: int, heartbeat_timeout_s: float = 2.0
+) -> Iterator[tuple[dict[str, str], list[str]]]:
+    """A live job's control plane on this host, for as long as the block runs: its own etcd
+    (three members on loopback, mutual TLS with a CA made for this job, in a temporary
+    directory removed at the end). Yields the environment of every process of the job (where
+    etcd is and the job's credentials, a fresh secret and job id, gloo kept on loopback: in the
+    environment, which other users cannot read, never on a command line) and the arguments of
+    the launcher's decider, which must start first."""
+    with EmbeddedEtcd() as etcd:
+        token = secrets.token_hex(16)
+        env = {
+            **os.environ,
+            **etcd.env(),
+            "OMP_NUM_THREADS": "1",
+            SECRET_ENV: token,
+            JOB_ENV: f"job-{token[:8]}",
+            "GLOO_SOCKET_IFNAME": "lo",
+        }
+        for name in (SECRET_FILE_ENV, COORDINATOR_ENV):
+            env.pop(name, None)
+        argv = ["-m", "ddp.recovery.etcd.decider", "--world-size", str(world_size)]
+        yield env, [*argv, "--heartbeat-timeout", f"{heartbeat_timeout_s:g}"]
 
 
 class _Tail:
@@ -91,8 +106,17 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"no script at {a.script}")
     log_dir = Path(a.log_dir or tempfile.mkdtemp(prefix="ddp-launch-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    env = local_env()
-    port = int(env["DDP_RECOVERY_COORDINATOR"].rpartition(":")[2])
+    with local_job(a.world_size, a.heartbeat_timeout) as (env, decider):
+        return _run(a, kill, log_dir, env, decider)
+
+
+def _run(
+    a: argparse.Namespace,
+    kill: tuple[int | None, int | None],
+    log_dir: Path,
+    env: dict[str, str],
+    decider: list[str],
+) -> int:
     procs: dict[str, subprocess.Popen] = {}
 
     def start(name: str, cmd: list[str], rank: int | None = None) -> None:
@@ -108,11 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     t_kill, extra, survivors_at = None, [], a.world_size - 1
     deadline = time.monotonic() + a.timeout
     try:
-        server = ["-m", "ddp.recovery.protocol.coordinator", "--port", str(port)]
-        hb = f"{a.heartbeat_timeout:g}"
-        start(
-            "coordinator", [*server, "--world-size", str(a.world_size), "--heartbeat-timeout", hb]
-        )
+        start("coordinator", decider)
         for r in range(a.world_size):
             replica(r, 0)
         ranks = [n for n in procs if n != "coordinator"]

@@ -30,6 +30,7 @@ from typing import IO
 from ddp.program.config import TrainConfig
 from ddp.program.records import EndRecord, Record, load_attempts, parse_record_line
 from ddp.recovery.demo.timeline import figures, figures_line, timeline
+from ddp.recovery.harness.launch import local_job
 from ddp.recovery.protocol.messages import SECRET_ENV, SECRET_FILE_ENV
 from ddp.recovery.records import CommitRecord, QuorumRecord, RecoveryVerdictRecord
 
@@ -74,35 +75,23 @@ class LocalJob:
         self.victim: str | None = None  # the rank the fault hit
         self.procs: dict[str, subprocess.Popen] = {}
         self.followers: list[threading.Thread] = []  # one per process, until its stdout ends
-        self.rank_cfg = cfg.replace(
-            coordinator=f"127.0.0.1:{self.port}", log_dir=log_dir, emit_records=follow
-        )
-        # The job's secret, for the coordinator and the ranks alike: in their environment,
-        # which other users cannot read (a command line they can, in ps).
+        self.rank_cfg = cfg.replace(log_dir=log_dir, emit_records=follow)
+        # The job's secret, for every process alike: in their environment, which other users
+        # cannot read (a command line they can, in ps).
         self.env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.env[SECRET_ENV] = secrets.token_hex(16)
         self.env.pop(SECRET_FILE_ENV, None)
         self.env["GLOO_SOCKET_IFNAME"] = "lo"  # the ranks' gloo listeners: loopback too
+        self._control = contextlib.ExitStack()  # the job's etcd, until stop()
         self.start_server()
 
     def start_server(self) -> None:
-        """What ``--coordinator`` points at, as the process named ``coordinator``."""
+        """The job's control plane: its own etcd on loopback (``local_job``), then the
+        launcher's decider, as the process named ``coordinator``."""
+        hb = self.cfg.heartbeat_timeout_s
+        self.env, decider = self._control.enter_context(local_job(self.world, hb))
         timeout = f"{max(300.0, self.cfg.steps * 10.0):g}"
-        self._start(
-            "coordinator",
-            "-m",
-            "ddp.recovery.protocol.coordinator",
-            "--host",
-            "127.0.0.1",  # this host only: nothing of a local job is reachable from outside
-            "--port",
-            str(self.port),
-            "--world-size",
-            str(self.world),
-            "--heartbeat-timeout",
-            f"{self.cfg.heartbeat_timeout_s:g}",
-            "--timeout",
-            timeout,
-        )
+        self._start("coordinator", *decider, "--timeout", timeout)
 
     def _start(self, name: str, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         """Start process ``name``, in a process group of its own (``stop`` ends the group;
@@ -158,6 +147,7 @@ class LocalJob:
             p.wait(timeout=10)
         for t in self.followers:
             t.join(timeout=10)
+        self._control.close()
 
 
 def _drive(

@@ -1,5 +1,7 @@
-"""The live-recovery protocol, the small version of torchft's on plain gloo and one ``TCPStore``.
-It knows nothing of any training program (``ddp.recovery.api`` is its public side):
+"""The live-recovery protocol, the small version of torchft's on plain gloo. It knows nothing of
+any training program (``ddp.recovery.api`` is its public side). What does not depend on the
+control plane (``member.MemberState``, ``quorum``, ``waiting``, ``group``, ``heal``) serves
+both: etcd (``ddp.recovery.etcd``, local jobs) and one ``TCPStore`` (the lab's containers):
 
 * ``coordinator``: a process of its own that holds the store and decides every quorum (which
   ranks train the next step) from registrations, heartbeats and abort notices; ``quorum``: that

@@ -40,6 +40,7 @@ from ddp.recovery.protocol.messages import (
     parse_notice,
     parse_uid_lines,
 )
+from ddp.recovery.protocol.quorum import add_decision_arguments, check_decision_arguments
 
 __all__ = ["Coordinator", "main"]
 
@@ -310,22 +311,7 @@ def _parser() -> argparse.ArgumentParser:
         "(default 127.0.0.1: this host only; across machines, this host's address on the "
         "job's private network, never a public one: the store has no authentication)",
     )
-    p.add_argument("--world-size", type=int, required=True, help="ranks of the first quorum")
-    p.add_argument(
-        "--heartbeat-timeout",
-        type=float,
-        default=2.0,
-        metavar="S",
-        help="a member whose heartbeat stops this long is dropped (default 2)",
-    )
-    p.add_argument(
-        "--window-ms",
-        type=float,
-        default=100.0,
-        metavar="MS",
-        help="after an abort, how long survivors have to check in (default 100)",
-    )
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds at most (default 3600)")
+    add_decision_arguments(p, "a member whose heartbeat stops this long is dropped (default 2)")
     return p
 
 
@@ -369,10 +355,7 @@ def serve(coord: Coordinator, wake: threading.Event, deadline: float) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     args = p.parse_args(argv)
-    if args.world_size < 2:
-        p.error(f"--world-size must be >= 2 for live recovery, got {args.world_size}")
-    if not args.heartbeat_timeout > 0 or not args.window_ms > 0:
-        p.error("--heartbeat-timeout and --window-ms must be > 0")
+    check_decision_arguments(p, args)
     from ddp.recovery.protocol.messages import job_secret
 
     try:

@@ -25,8 +25,8 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from ddp.flight.gloo_errors import error_meaning
-from ddp.recovery.protocol.member import Member
-from ddp.recovery.protocol.messages import Quorum, keys
+from ddp.recovery.protocol.member import MemberState
+from ddp.recovery.protocol.messages import Quorum
 from ddp.recovery.protocol.waiting import QuorumLost
 
 __all__ = ["build_group", "keep_groups_past_exit"]
@@ -34,13 +34,13 @@ __all__ = ["build_group", "keep_groups_past_exit"]
 _KEPT: list[object] = []  # every group (and builder) this process made, alive until os._exit
 
 
-def build_group(member: Member, quorum: Quorum, timeout_s: float) -> dist.ProcessGroup:
+def build_group(member: MemberState, quorum: Quorum, timeout_s: float) -> dist.ProcessGroup:
     """This member's gloo group for ``quorum``; ``QuorumLost`` if the quorum ends first."""
     rank = quorum.group_rank(member.uid)
     assert rank is not None, "only members build the group"
     built, wake = threading.Event(), threading.Event()
     out: dict[str, object] = {}
-    store = dist.PrefixStore(keys.prefix(quorum.id), member.store.clone())
+    store = member.group_store(quorum.id)
 
     def build() -> None:
         try:
@@ -53,6 +53,7 @@ def build_group(member: Member, quorum: Quorum, timeout_s: float) -> dist.Proces
             built.set()
             wake.set()
 
+    out["store"] = store  # an EtcdStore's Python half must outlive the group (see its class)
     _KEPT.append(out)
     deadline = time.monotonic() + timeout_s
     # The waker is registered before abort is read: a notice in between still wakes us. A

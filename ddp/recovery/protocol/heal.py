@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from ddp.recovery.failpoints import failpoint
-from ddp.recovery.protocol.member import Member
+from ddp.recovery.protocol.member import MemberState
 from ddp.recovery.protocol.waiting import wait_work
 
 __all__ = ["Heal", "HealRefused", "flatten", "heal", "heal_source", "state_digest", "unflatten"]
@@ -244,7 +244,7 @@ def _unpack(header: torch.Tensor, payload: torch.Tensor) -> Any:
 
 @torch.no_grad()
 def heal(
-    member: Member,
+    member: MemberState,
     pg: dist.ProcessGroup,
     tag: int,
     step: int,

@@ -44,7 +44,7 @@ from ddp.recovery.protocol.messages import (
 )
 from ddp.recovery.protocol.succession import bind_standby, find_successor, local_address, take_over
 
-__all__ = ["CoordinatorLost", "Member", "connect"]
+__all__ = ["CoordinatorLost", "Member", "MemberState", "connect"]
 
 log = logging.getLogger("ddp")
 
@@ -74,9 +74,124 @@ def connect(address: str, timeout_s: float) -> dist.TCPStore:
         ) from None
 
 
-class Member:
-    """This process as a member of the live job. ``on_notice(quorum_id, source, why)`` is
-    called once per quorum that ends by an abort, from whichever thread noticed first."""
+class MemberState:
+    """What a member knows of its quorum and how the end of one reaches every thread, whatever
+    carries the protocol: the coordinator's store (``Member``) or etcd
+    (``ddp.recovery.etcd.member``). ``on_notice(quorum_id, source, why)`` is called once per
+    quorum that ends by an abort, from whichever thread noticed first."""
+
+    def __init__(
+        self,
+        replica: int,
+        heartbeat_timeout_s: float,
+        timeout_s: float,
+        on_notice: Callable[[int, str, str], None],
+        secret: bytes | None = None,
+    ) -> None:
+        self.replica, self.timeout_s = replica, timeout_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.secret = secret if secret is not None else job_secret()
+        self.on_notice = on_notice
+        self.lost: str | None = None  # why the control plane is gone for good, once it is
+        self.finished = False
+        self._building: int | None = None  # the quorum whose group is being built
+        self.quorum: Quorum | None = None  # the quorum entered last
+        self.qid = 0  # the quorum this member trains in
+        self.latest = 0  # the newest quorum id it has heard of
+        self.abort: dict | None = None  # why the current quorum ended, once it has
+        self.left_out = False  # see next_quorum
+        self._checked_in: set[int] = set()  # quorums this member checked in after
+        self.wakers: set[threading.Event] = set()
+        self._lock = threading.Lock()
+        self._entered = threading.Event()
+        self._stop = threading.Event()  # see stop()
+        self._threads: list[threading.Thread] = []
+
+    def check_in(self, store: object = None) -> None:
+        """Ready for the quorum after the aborted one (once per quorum): the transport's."""
+        raise NotImplementedError
+
+    def group_store(self, q: int) -> dist.Store:
+        """A store for the gloo rendezvous of quorum ``q``, under a prefix of its own."""
+        raise NotImplementedError
+
+    def superseded(self, q: int, nxt: int) -> None:
+        """Quorum ``q`` is followed by ``nxt`` (ranks joined). A member that trains in ``q``
+        moves at the step boundary its commit vote agrees on; one still building ``q``'s group
+        leaves it now: a member that read the quorums a moment later builds ``nxt``'s and
+        would never come to ``q``'s."""
+        with self._lock:
+            self.latest = max(self.latest, nxt)
+            if self._building != q or q != self.qid or self.abort is not None:
+                return
+            self.abort = {"by": "coordinator", "why": f"quorum {q} superseded by quorum {nxt}"}
+            wakers = list(self.wakers)
+        for ev in wakers:
+            ev.set()
+
+    @contextlib.contextmanager
+    def building(self, q: int, ev: threading.Event) -> Iterator[None]:
+        """While inside, the end of quorum ``q`` (an abort, or a newer quorum) sets ``ev``;
+        on entry ``abort`` already says so if a newer quorum is known."""
+        with self._lock:
+            self.wakers.add(ev)
+            self._building = q
+            if self.latest > q and self.abort is None and q == self.qid:
+                why = f"quorum {q} superseded by quorum {self.latest}"
+                self.abort = {"by": "coordinator", "why": why}
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.wakers.discard(ev)
+                self._building = None
+
+    def notice(self, q: int, source: str, why: str, store: dist.Store | None = None) -> None:
+        """Quorum ``q`` is over: remember why (once), wake every waiting collective and check
+        in for the next quorum at once, from whichever thread noticed: the main thread may be
+        busy for a while (the reference's step on group rank 0), and a member that checks in
+        after the coordinator's window is left out and must heal."""
+        with self._lock:
+            if q != self.qid or self.abort is not None:
+                return
+            self.abort = {"by": source, "why": why}
+            wakers = list(self.wakers)
+        for ev in wakers:
+            ev.set()
+        self.check_in(store)
+        self.on_notice(q, source, why)
+
+    @contextlib.contextmanager
+    def waking(self, ev: threading.Event) -> Iterator[None]:
+        """While inside, an abort notice for the current quorum sets ``ev``."""
+        with self._lock:
+            self.wakers.add(ev)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.wakers.discard(ev)
+
+    def stop_if_lost(self) -> None:
+        """``CoordinatorLost`` once the coordinator is gone for good: every wait calls it."""
+        if self.lost is not None:
+            raise CoordinatorLost(f"diagnosis: {self.lost}; stopping: no fault would be noticed")
+
+    def skip_to(self, q: int) -> None:
+        """Quorum ``q`` goes on without this member: wait for the ones after it."""
+        self.qid = q
+
+    def enter(self, quorum: Quorum) -> None:
+        """Train in ``quorum`` from now on: its abort notices are the ones that count."""
+        with self._lock:
+            self.qid, self.quorum = quorum.id, quorum
+            self.latest = max(self.latest, quorum.id)
+            self.abort = None
+        self._entered.set()
+
+
+class Member(MemberState):
+    """This process as a member of the live job, through the coordinator's store."""
 
     def __init__(
         self,
@@ -87,31 +202,15 @@ class Member:
         on_notice: Callable[[int, str, str], None],
         secret: bytes | None = None,
     ) -> None:
-        self.address, self.replica, self.timeout_s = address, replica, timeout_s
-        self.heartbeat_timeout_s = heartbeat_timeout_s
-        self.secret = secret if secret is not None else job_secret()
+        super().__init__(replica, heartbeat_timeout_s, timeout_s, on_notice, secret)
+        self.address = address
         self.store = connect(address, timeout_s)
-        self.on_notice = on_notice
-        self.lost: str | None = None  # why the coordinator is gone for good, once it is
-        self.finished = False
-        self._building: int | None = None  # the quorum whose group is being built
-        self.quorum: Quorum | None = None  # the quorum entered last: a successor's seed
         self._gen = 0  # which coordinator: threads of an earlier one's store stop
         self._succeeding: threading.Event | None = None  # set once a take-over is settled
         self._standby: socket.socket | None = None  # where this member would serve the store
         self.hosted: threading.Thread | None = None  # the successor this process runs
         self.host_uid: str | None = None  # the member serving the store (None: the coordinator)
-        self.qid = 0  # the quorum this member trains in
-        self.latest = 0  # the newest quorum id it has heard of
-        self.abort: dict | None = None  # why the current quorum ended, once it has
-        self.left_out = False  # see next_quorum
-        self._checked_in: set[int] = set()  # quorums this member checked in after
-        self.wakers: set[threading.Event] = set()
         self._held: list[object] = []  # the liveness connections: open until the process ends
-        self._lock = threading.Lock()
-        self._entered = threading.Event()
-        self._stop = threading.Event()  # see stop()
-        self._threads: list[threading.Thread] = []
         self._register()
         self._start_beat(0)
         self._threads.append(threading.Thread(target=self._watch, daemon=True))
@@ -163,6 +262,9 @@ class Member:
                 "coordinator must let it through",
                 [],
             ) from None
+
+    def group_store(self, q: int) -> dist.Store:
+        return dist.PrefixStore(keys.prefix(q), self.store.clone())
 
     def rejoin(self) -> None:
         """Register again under a new member id: this member was left out of a quorum (it
@@ -323,63 +425,6 @@ class Member:
                 time.sleep(0.1)
         return None, None
 
-    def superseded(self, q: int, nxt: int) -> None:
-        """Quorum ``q`` is followed by ``nxt`` (ranks joined). A member that trains in ``q``
-        moves at the step boundary its commit vote agrees on; one still building ``q``'s group
-        leaves it now: a member that read the quorums a moment later builds ``nxt``'s and
-        would never come to ``q``'s."""
-        with self._lock:
-            self.latest = max(self.latest, nxt)
-            if self._building != q or q != self.qid or self.abort is not None:
-                return
-            self.abort = {"by": "coordinator", "why": f"quorum {q} superseded by quorum {nxt}"}
-            wakers = list(self.wakers)
-        for ev in wakers:
-            ev.set()
-
-    @contextlib.contextmanager
-    def building(self, q: int, ev: threading.Event) -> Iterator[None]:
-        """While inside, the end of quorum ``q`` (an abort, or a newer quorum) sets ``ev``;
-        on entry ``abort`` already says so if a newer quorum is known."""
-        with self._lock:
-            self.wakers.add(ev)
-            self._building = q
-            if self.latest > q and self.abort is None and q == self.qid:
-                why = f"quorum {q} superseded by quorum {self.latest}"
-                self.abort = {"by": "coordinator", "why": why}
-        try:
-            yield
-        finally:
-            with self._lock:
-                self.wakers.discard(ev)
-                self._building = None
-
-    def notice(self, q: int, source: str, why: str, store: dist.Store | None = None) -> None:
-        """Quorum ``q`` is over: remember why (once), wake every waiting collective and check
-        in for the next quorum at once, from whichever thread noticed: the main thread may be
-        busy for a while (the reference's step on group rank 0), and a member that checks in
-        after the coordinator's window is left out and must heal."""
-        with self._lock:
-            if q != self.qid or self.abort is not None:
-                return
-            self.abort = {"by": source, "why": why}
-            wakers = list(self.wakers)
-        for ev in wakers:
-            ev.set()
-        self.check_in(store)
-        self.on_notice(q, source, why)
-
-    @contextlib.contextmanager
-    def waking(self, ev: threading.Event) -> Iterator[None]:
-        """While inside, an abort notice for the current quorum sets ``ev``."""
-        with self._lock:
-            self.wakers.add(ev)
-        try:
-            yield
-        finally:
-            with self._lock:
-                self.wakers.discard(ev)
-
     def post_abort(self, why: str) -> None:
         """This rank saw quorum ``qid`` fail: tell every member (first notice wins)."""
         if self.lost is None and self._succeeding is None:
@@ -397,11 +442,6 @@ class Member:
         if not done and self.lost is None and self._succeeding is None:
             with contextlib.suppress(RuntimeError):  # a store gone: the loss is noticed anyway
                 (store or self.store).append(keys.ready(q), f"{self.uid}\n")
-
-    def stop_if_lost(self) -> None:
-        """``CoordinatorLost`` once the coordinator is gone for good: every wait calls it."""
-        if self.lost is not None:
-            raise CoordinatorLost(f"diagnosis: {self.lost}; stopping: no fault would be noticed")
 
     def _read_quorum(self, q: int) -> Quorum:
         """Quorum ``q`` from the store, once the coordinator's own is there: a value that
@@ -464,18 +504,6 @@ class Member:
         if quorum.refused:
             raise PeerFailure(f"diagnosis: live recovery stopped: {quorum.refused}", [])
         return quorum
-
-    def skip_to(self, q: int) -> None:
-        """Quorum ``q`` goes on without this member: wait for the ones after it."""
-        self.qid = q
-
-    def enter(self, quorum: Quorum) -> None:
-        """Train in ``quorum`` from now on: its abort notices are the ones that count."""
-        with self._lock:
-            self.qid, self.quorum = quorum.id, quorum
-            self.latest = max(self.latest, quorum.id)
-            self.abort = None
-        self._entered.set()
 
     def done(self) -> None:
         """Finished: later notices (the coordinator ends the last quorum) are not faults."""

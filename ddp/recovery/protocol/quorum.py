@@ -11,11 +11,12 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterable
 
 from ddp.recovery.protocol.messages import Quorum, replica_of
 
-__all__ = ["decide", "window_closed"]
+__all__ = ["add_decision_arguments", "check_decision_arguments", "decide", "window_closed"]
 
 
 def _names(uids: Iterable[str]) -> str:
@@ -71,3 +72,26 @@ def window_closed(
     passed (a member killed outright never checks in; waiting for its heartbeat to go stale
     would cost the heartbeat timeout)."""
     return set(members) <= set(checked_in) or waited_s >= window_s
+
+
+def add_decision_arguments(p: argparse.ArgumentParser, heartbeat_help: str) -> None:
+    """The flags of whatever process decides quorums: the first quorum's size, how long a
+    silent member is waited for, the window after an abort, and its own deadline."""
+    p.add_argument("--world-size", type=int, required=True, help="ranks of the first quorum")
+    p.add_argument("--heartbeat-timeout", type=float, default=2.0, metavar="S", help=heartbeat_help)
+    p.add_argument(
+        "--window-ms",
+        type=float,
+        default=100.0,
+        metavar="MS",
+        help="after an abort, how long survivors have to check in (default 100)",
+    )
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds at most (default 3600)")
+
+
+def check_decision_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``p.error`` (exit 2, one line) for flags no decision can work with."""
+    if args.world_size < 2:
+        p.error(f"--world-size must be >= 2 for live recovery, got {args.world_size}")
+    if not args.heartbeat_timeout > 0 or not args.window_ms > 0:
+        p.error("--heartbeat-timeout and --window-ms must be > 0")

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from ddp.flight.gloo_errors import error_meaning
-from ddp.recovery.protocol.member import Member
+from ddp.recovery.protocol.member import MemberState
 
 __all__ = ["QuorumLost", "wait_work"]
 
@@ -56,7 +56,7 @@ def _on_done(work: dist.Work, callback: Callable[[], None], errors: list[Excepti
     return False
 
 
-def wait_work(work: dist.Work, member: Member, timeout_s: float, what: str) -> None:
+def wait_work(work: dist.Work, member: MemberState, timeout_s: float, what: str) -> None:
     """Wait for ``work``; raise ``QuorumLost`` on an abort notice, a gloo error or a timeout,
     ``CoordinatorLost`` once the coordinator is gone."""
     done, wake = threading.Event(), threading.Event()

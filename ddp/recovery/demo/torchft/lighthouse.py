@@ -110,6 +110,7 @@ class TorchftJob(LocalJob):
     """The lighthouse and the replica processes of one local torchft run."""
 
     def start_server(self) -> None:
+        self.rank_cfg = self.rank_cfg.replace(coordinator=f"127.0.0.1:{self.port}")
         least = (self.world + 1) // 2  # a quorum of fewer than half is refused, as ours does
         self._start(
             "coordinator",

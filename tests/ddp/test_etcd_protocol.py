@@ -1,0 +1,174 @@
+"""Live recovery's decisions on etcd, against a real three-member cluster: one history of
+quorums whoever decides, the decider role passing on a lapsed lease, and sealed values that
+cannot be moved or replayed elsewhere. The members here are keys written as a member writes
+them (its registration on its lease, its check-in), so each interleaving is exact."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from ddp.recovery.etcd.client import Etcd
+from ddp.recovery.etcd.cluster import EmbeddedEtcd, etcd_binary
+from ddp.recovery.etcd.decider import Decider, _Lost
+from ddp.recovery.etcd.job import JobKeys, Sealer
+from ddp.recovery.protocol.messages import ProtocolError, Quorum
+
+SECRET = b"s" * 32
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    etcd_binary()  # CI installs etcd-server: a missing one fails, in one line, never skips
+    with EmbeddedEtcd() as etcd:
+        yield etcd
+
+
+class _Job:
+    """A job's keys on the cluster, and its members as etcd sees them."""
+
+    def __init__(self, cluster: EmbeddedEtcd, name: str) -> None:
+        self.client = Etcd(cluster.credentials, timeout_s=5.0)
+        self.keys = JobKeys(name)
+        self.leases: dict[str, int] = {}
+        self.client.put(self.keys.expected(), "3")
+
+    def register(self, uid: str) -> None:
+        lease, _ = self.client.lease_grant(30)
+        self.leases[uid] = lease
+        key = self.keys.member(uid)
+        self.client.put(key, Sealer(SECRET, self.keys.job, uid).seal(key, {"uid": uid}), lease)
+
+    def die(self, uid: str) -> None:
+        self.client.lease_revoke(self.leases.pop(uid))
+
+    def check_in(self, q: int, uid: str) -> None:
+        key = self.keys.ready(q) + uid
+        self.client.put(key, Sealer(SECRET, self.keys.job, uid).seal(key, {"uid": uid}))
+
+    def abort(self, q: int, why: str) -> None:
+        key = self.keys.notify(q)
+        note = {"kind": "abort", "by": "rank 1", "why": why}
+        self.client.put(key, Sealer(SECRET, self.keys.job, "1.1").seal(key, note))
+
+    def decider(self, name: str) -> Decider:
+        lease, _ = self.client.lease_grant(30)
+        self.leases[name] = lease
+        return Decider(self.client, self.keys, SECRET, name, lease, 1.0, window_s=0.05)
+
+    def quorums(self) -> list[Quorum]:
+        kvs, _ = self.client.range(self.keys.quorums())
+        opener = Sealer(SECRET, self.keys.job, "test")
+        return [
+            opener.open_quorum(self.keys, int(JobKeys.last_part(kv.key)), kv.value) for kv in kvs
+        ]
+
+
+def _until(decider: Decider, done, ticks: int = 200) -> None:
+    for _ in range(ticks):
+        decider.tick()
+        if done():
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError("the decider did not get there")
+
+
+def test_one_history_when_the_decider_dies_as_two_replacements_join(cluster):
+    """The issue's split brain, replayed on etcd: quorum {1.1, 2.1, 3.1}; replacements 0.2
+    and 4.2 join (quorum 2 of five); the decider dies; one member has entered quorum 2, two
+    have not. On the home-made succession each side counted a majority of its own last
+    quorum and both trained on. Here nobody counts on its own: the next decider reads quorum
+    2 from etcd, and exactly one quorum 3 ever exists; the dead decider, back, cannot write
+    another."""
+    job = _Job(cluster, "split")
+    for uid in ("1.1", "2.1", "3.1"):
+        job.register(uid)
+    a = job.decider("a")
+    assert a.campaign()
+    _until(a, lambda: a.quorum is not None)
+    assert a.quorum.members == ("1.1", "2.1", "3.1")
+    for uid in ("0.2", "4.2"):
+        job.register(uid)
+    _until(a, lambda: a.quorum.id == 2)
+    assert a.quorum.members == ("0.2", "1.1", "2.1", "3.1", "4.2")
+
+    b = job.decider("b")
+    assert not b.campaign()  # a holds the role
+    job.client.lease_revoke(job.leases.pop("a"))  # a dies: its lease, and the role, go
+    assert b.campaign()
+    assert b.quorum.members == a.quorum.members  # the same history, read from etcd
+
+    # Quorum 2 fails: 3.1 (in it) and 1.1, 2.1 (not yet) all check in, from either side.
+    job.abort(2, "rank 3's peer closed the connection")
+    for uid in ("1.1", "2.1", "3.1", "0.2", "4.2"):
+        job.check_in(2, uid)
+    _until(b, lambda: b.quorum.id == 3)
+    assert b.quorum.members == ("0.2", "1.1", "2.1", "3.1", "4.2")
+
+    # The dead decider comes back with its stale view and tries to decide quorum 3 itself.
+    stale = Quorum(3, ("1.1", "2.1"), reason="a's own count")
+    a._publish(stale, ["1.1", "2.1"])  # its transaction fails: quorum 3 exists
+    a.quorum = b.quorum
+    a._publish(Quorum(4, ("1.1", "2.1")), ["1.1", "2.1"])  # fails too: the role is b's
+    with pytest.raises(_Lost):
+        a.tick()  # and its next read says so
+    history = job.quorums()
+    assert [q.id for q in history] == [1, 2, 3]
+    assert history[-1].members == ("0.2", "1.1", "2.1", "3.1", "4.2")
+
+
+def test_a_member_whose_lease_lapses_is_dropped_and_the_rest_go_on(cluster):
+    job = _Job(cluster, "lapse")
+    for uid in ("0.1", "1.1", "2.1"):
+        job.register(uid)
+    d = job.decider("d")
+    assert d.campaign()
+    _until(d, lambda: d.quorum is not None)
+    job.die("2.1")  # its lease gone: what a SIGKILLed or stalled member leaves behind
+    _until(d, lambda: d.aborted_at is not None)
+    note = Sealer(SECRET, "lapse", "t").open(
+        job.keys.notify(1), job.client.get(job.keys.notify(1)).value
+    )
+    assert note["by"] == "coordinator" and "rank 2 missed heartbeats" in note["why"]
+    for uid in ("0.1", "1.1"):
+        job.check_in(1, uid)
+    _until(d, lambda: d.quorum.id == 2)
+    assert d.quorum.members == ("0.1", "1.1") and d.quorum.lost == ("2.1",)
+
+
+def test_fewer_than_half_left_is_refused_once_and_for_all(cluster):
+    job = _Job(cluster, "few")
+    for uid in ("0.1", "1.1", "2.1"):
+        job.register(uid)
+    d = job.decider("d")
+    assert d.campaign()
+    _until(d, lambda: d.quorum is not None)
+    job.abort(1, "two peers gone")
+    job.check_in(1, "0.1")
+    _until(d, lambda: d.exit_code is not None)
+    assert d.exit_code == 3 and "fewer than half" in job.quorums()[-1].refused
+    e = job.decider("e")
+    assert e._final() and e.exit_code == 3  # a later decider decides nothing more
+
+
+def test_a_sealed_value_moved_to_another_key_or_job_is_refused():
+    keys = JobKeys("j")
+    sealer = Sealer(SECRET, "j", "0.1")
+    raw = sealer.seal(keys.notify(1), {"kind": "abort", "by": "rank 0", "why": "x"})
+    assert sealer.open(keys.notify(1), raw)["why"] == "x"
+    with pytest.raises(ProtocolError, match="moved here"):
+        sealer.open(keys.notify(2), raw)  # replayed to end the next quorum
+    with pytest.raises(ProtocolError, match="moved here"):
+        Sealer(SECRET, "other", "0.1").open(JobKeys("other").notify(1), raw)
+    forged = json.loads(raw)
+    forged["sealed"]["value"]["why"] = "y"
+    with pytest.raises(ProtocolError, match="does not match"):
+        sealer.open(keys.notify(1), json.dumps(forged).encode())
+    with pytest.raises(ProtocolError, match="not a sealed value"):
+        sealer.open(keys.notify(1), b"x")
+    quorum = Sealer(SECRET, "j", "d").seal(keys.quorum(2), json.loads(Quorum(2).to_json()))
+    with pytest.raises(ProtocolError, match="sealed for"):
+        sealer.open_quorum(keys, 3, quorum)
