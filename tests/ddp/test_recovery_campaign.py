@@ -279,6 +279,7 @@ def test_losing_the_launchers_decider_is_survived(tmp_path):
     r = _campaign(tmp_path, "--trials", "1", "--seed", "3", "--kinds", "coordinator", timeout=200)
     assert r.returncode == 0, r.stdout[-4000:]
     assert "coordinator loss: SIGKILL of the coordinator" in r.stdout
+    assert r.stdout.splitlines()[-1].endswith("coordinator loss -> trained on in 1 of 1")
 
 
 @pytest.mark.parametrize(

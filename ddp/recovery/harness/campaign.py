@@ -400,6 +400,8 @@ def _summary(results: list[_Result]) -> list[str]:
             last.append(f"{KINDS[k]} -> commit p50 {p50:.2f} s, p99 {p99:.2f} s")
         elif stops:
             last.append(f"{KINDS[k]} -> clean stop p50 {percentile(stops, 50):.2f} s")
+        elif clean:  # nothing to recover from: the run went on as it was (a decider's loss)
+            last.append(f"{KINDS[k]} -> trained on in {len(clean)} of {len(mine)}")
         else:
             last.append(f"{KINDS[k]} -> no clean trial")
     n = sum(r.judgement.clean for r in results)
