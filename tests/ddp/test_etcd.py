@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import http.client
 import json
+import shutil
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import psutil
 import pytest
@@ -32,6 +36,8 @@ from ddp.recovery.etcd.client import (
 from ddp.recovery.etcd.cluster import MISSING_ETCD, EmbeddedEtcd, etcd_binary, make_certificates
 from ddp.recovery.etcd.store import EtcdStore
 from tests.helpers import run_ranks
+
+ROOT = Path(__file__).parents[2]
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -175,6 +181,42 @@ def test_one_member_lost_is_survived_and_two_lost_stop_with_unavailable():
         with pytest.raises(EtcdUnavailable, match="no endpoint answered"):
             client.put("/t/durable", "after two")
         assert time.monotonic() - started < 4 + 1
+
+
+_HOLDER = """
+import sys, time
+from ddp.recovery.etcd.cluster import EmbeddedEtcd
+cluster = EmbeddedEtcd().__enter__()
+print(*cluster.pids(), cluster.directory, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_launcher_killed_outright_leaves_no_etcd_running():
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        *pids, directory = holder.stdout.readline().split()
+    finally:
+        holder.kill()  # SIGKILL: no __exit__ runs
+        holder.wait(timeout=10)
+    try:
+        deadline = time.monotonic() + 5
+        alive = [int(p) for p in pids]
+        while alive and time.monotonic() < deadline:
+            alive = [p for p in alive if psutil.pid_exists(p) and not _zombie(p)]
+            time.sleep(0.05)
+        assert len(pids) == 3 and alive == [], alive
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)  # the directory stays: only etcd dies
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def test_credentials_say_what_is_missing(tmp_path, monkeypatch):
