@@ -3,9 +3,9 @@
 
     python examples/sharded_optimizer.py --world-size 4
 
-Each rank prints the bytes of its optimizer state (the tensors in ``opt.optim.state``) beside
-those of the unsharded optimizer on the same model, and the digest of its parameters after the
-last step: every rank prints the same one.
+Rank 0 prints a line per rank: the bytes of that rank's optimizer state (the tensors in
+``opt.optim.state``) beside those of the unsharded optimizer on the same model, and the digest
+of its parameters after the last step, which every rank shares.
 """
 
 from __future__ import annotations
@@ -54,11 +54,16 @@ def rank_main(rank: int, world: int, init: str, args: argparse.Namespace) -> Non
         for p in model.module.parameters():
             digest.update(p.detach().numpy().tobytes())
         mine, whole = state_bytes(opt), state_bytes(plain)
-        print(
+        line = (
             f"rank {rank}: optimizer state {mine} B of {whole} B unsharded "
-            f"({mine / whole:.4f}x), parameters {digest.hexdigest()[:16]}",
-            flush=True,
+            f"({mine / whole:.4f}x), parameters {digest.hexdigest()[:16]}"
         )
+        # Rank 0 prints every rank's line in rank order: ranks printing at once share one
+        # pipe, and their lines can run into each other.
+        lines = [None] * world
+        dist.all_gather_object(lines, line)
+        if rank == 0:
+            print("\n".join(lines), flush=True)
     finally:
         dist.destroy_process_group()
 
