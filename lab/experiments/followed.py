@@ -2,15 +2,16 @@
 step records), then the rule every sweep holds its ranks to, so that a crash, a stuck rank or
 a stale image stops the sweep with the rank's last lines instead of a table built on half a run.
 
-Used by ``latency``, ``straggler`` and ``compress``: each job is ``cluster.train(...)``, followed
-with ``job.wait`` and judged from exit codes and records, never from text.
+Used by ``latency``, ``straggler``, ``compress``, ``memory`` and ``topology``: each job is
+``cluster.train(...)``, followed with ``job.wait`` and judged from exit codes and records,
+never from text.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from ddp.torchfree import EndRecord, TrainConfig
 from lab.engine.client import NodeFailed, RunTimeout
@@ -26,6 +27,7 @@ __all__ = [
     "check_finished",
     "holds",
     "train_followed",
+    "train_for_parity",
     "train_to_end",
 ]
 
@@ -98,6 +100,17 @@ def train_to_end(
         broken_parity_ok=broken_parity_ok,
     )
     return job
+
+
+def train_for_parity(
+    cluster: Cluster, name: str, cfg: TrainConfig, plan: Bounds, **follow: Any
+) -> tuple[Job, bool]:
+    """:func:`train_to_end` (``follow``: its keywords) for a sweep whose table reports parity
+    instead of stopping on it (a no-sync floor or a link changed mid-job may break it): the
+    job, and whether parity held, which takes rank 0's verdict and every rank's exit 0 (ddp
+    exits 1 when it broke)."""
+    job = train_to_end(cluster, name, cfg, plan, broken_parity_ok=True, **follow)
+    return job, holds(job) and all(code == 0 for code in job.codes.values())
 
 
 def check_finished(

@@ -46,7 +46,7 @@ from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE
 from lab.experiments import timeline
 from lab.experiments.changed_job import ChangeTrigger, recheck
-from lab.experiments.followed import holds, train_to_end
+from lab.experiments.followed import train_for_parity
 from lab.experiments.link_change import (
     ChangePlan,
     LinkChange,
@@ -595,22 +595,12 @@ def _run_config(
     started = time.monotonic()
     where = f"{p.conf.label} at {p.ms:g} ms{_in(p)} (round {p.round})"
     slow = "a low --rate-mbit makes steps slow"
-    job = train_to_end(
-        cluster,
-        p.job,
-        p.train,
-        plan,
-        where=where,
-        slow_hint=slow,
-        echo=echo,
-        broken_parity_ok=True,
-        on_event=trigger,
+    job, held = train_for_parity(
+        cluster, p.job, p.train, plan, where=where, slow_hint=slow, echo=echo, on_event=trigger
     )
     logs = {rank: RankLog(rank, records) for rank, records in job.records.items()}
     stats = summarize([(f"job {p.job}", logs)], plan.warmup)
-    parity = None
-    if not p.conf.is_floor:
-        parity = holds(job) and all(code == 0 for code in job.codes.values())
+    parity = None if p.conf.is_floor else held
     run = ConfigRun(
         p.conf, p.ms, p.round, p.job, job.codes, stats, parity, time.monotonic() - started, p.phase
     )

@@ -36,7 +36,7 @@ from lab.engine.cluster import Cluster
 from lab.engine.layout import Layout
 from lab.engine.specs import DEFAULT_IMAGE
 from lab.experiments.changed_job import ChangeTrigger, recheck
-from lab.experiments.followed import holds, train_to_end
+from lab.experiments.followed import train_for_parity
 from lab.experiments.link_change import (
     RECOVER_LAST,
     RECOVER_WITHIN,
@@ -466,16 +466,8 @@ def _run_job(
     if plan.change is not None and not p.conf.unshaped:
         trigger = ChangeTrigger(link, plan.change, echo)
     with sampled(cluster, f"eth0-{p.job}", plan.run_timeout_s + _SAMPLER_SLACK_S) as counters:
-        job = train_to_end(
-            cluster,
-            p.job,
-            p.train,
-            plan,
-            where=where,
-            slow_hint=slow,
-            echo=echo,
-            broken_parity_ok=True,
-            on_event=trigger,
+        job, parity = train_for_parity(
+            cluster, p.job, p.train, plan, where=where, slow_hint=slow, echo=echo, on_event=trigger
         )
     if trigger is not None and trigger.fired:
         report = recheck(link, plan.change)
@@ -484,7 +476,6 @@ def _run_job(
             what = f"after the change, idle (after {p.job})"
             result.links.append(LinkInfo.from_report(report, p.layout.name, what))
             echo(f"  the changed link, idle after the job: {report.line()}")
-    parity = holds(job) and all(code == 0 for code in job.codes.values())
     return ConfigRun(
         p.conf.name,
         p.round,
