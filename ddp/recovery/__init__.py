@@ -7,10 +7,10 @@ second, and a rank that (re)joins heals from a healthy peer, with no restart and
 * ``protocol``: membership, the quorum, liveness, the group per quorum and healing: the
   protocol itself, free of any training program; ``records``: the typed record of every event;
   ``failpoints``: the named moments at which a test makes a process die.
-* ``etcd``: the control plane of local jobs: a client of etcd's JSON gateway, a job's own
+* ``etcd``: the control plane of live jobs: a client of etcd's JSON gateway, a job's own
   three-member cluster with mutual TLS, a torch ``Store`` over it (gloo's rendezvous), the
   job's sealed keys, the decider role held by a lease and a rank's side (``EtcdMember``).
-  The lab's containers still run ``protocol``'s coordinator until its image carries etcd.
+  The lab runs the same members in containers of their own (``lab.engine.etcd``).
 * ``demo``: ``python -m ddp --recovery live`` and ``--recovery torchft``, clients of ``api``.
 * ``harness``: what runs and judges live jobs on this host: ``local`` and ``launch`` (the job's
   processes, with a fault injected), ``campaign`` and ``audit`` (many faults, and the judge of

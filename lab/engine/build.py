@@ -10,6 +10,7 @@ Python and platform (probed by running the base image) are fetched on the host w
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -32,6 +33,7 @@ __all__ = [
     "platform_tags",
     "probe_base",
     "requirements",
+    "stage_etcd",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -173,6 +175,22 @@ def download_wheels(
             f"put the torch CPU wheel in a --find-links directory or {wheelhouse}"
         )
     return wheels
+
+
+def stage_etcd(wheelhouse: Path) -> Path:
+    """Copy this host's etcd into the wheelhouse, where the offline build installs it: the
+    lab's live recovery runs its control plane on etcd, and an offline build has no apt.
+    Debian's ``etcd-server`` on the host serves a Debian image (it needs only glibc)."""
+    from ddp.recovery.etcd.cluster import etcd_binary
+
+    try:
+        binary = etcd_binary()
+    except FileNotFoundError as e:
+        raise LabError(f"the offline image carries the host's etcd: {e}") from None
+    wheelhouse.mkdir(parents=True, exist_ok=True)
+    staged = wheelhouse / "etcd"
+    shutil.copy2(binary, staged)
+    return staged
 
 
 def build_image(

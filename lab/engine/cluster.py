@@ -201,9 +201,12 @@ class Cluster:
         return self.job(name, argvs, timeout_s, env=TORCHRUN_ENV, echo=echo, per_node=True)
 
     # --- nodes --------------------------------------------------------------------------
-    def exec(self, node: int, argv: list[str]) -> tuple[int, str]:
-        """Run ``argv`` in a node (as root), returning exit code and combined output."""
-        result = self.nodes[node].container.exec_run(argv)
+    def exec(
+        self, node: int, argv: list[str], env: dict[str, str] | None = None
+    ) -> tuple[int, str]:
+        """Run ``argv`` in a node (as root, ``env`` added to its environment), returning exit
+        code and combined output."""
+        result = self.nodes[node].container.exec_run(argv, environment=env)
         return result.exit_code, result.output.decode(errors="replace")
 
     def check(self, node: int, argv: list[str], what: str) -> str:

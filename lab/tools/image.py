@@ -112,7 +112,7 @@ def run(plan: ImagePlan) -> str:
 
 
 def _build(plan: ImagePlan, client: docker.DockerClient) -> None:
-    from lab.engine.build import build_image, download_wheels, probe_base
+    from lab.engine.build import build_image, download_wheels, probe_base, stage_etcd
 
     wheelhouse = None
     if plan.offline:
@@ -122,7 +122,8 @@ def _build(plan: ImagePlan, client: docker.DockerClient) -> None:
             f"glibc {base.glibc[0]}.{base.glibc[1]}; downloading wheels into {plan.wheelhouse}/"
         )
         wheels = download_wheels(base, plan.wheelhouse, extras=plan.extras)
-        print(f"{len(wheels)} wheels in {plan.wheelhouse}/; building with no network")
+        etcd = stage_etcd(plan.wheelhouse)
+        print(f"{len(wheels)} wheels and {etcd} in {plan.wheelhouse}/; building with no network")
         wheelhouse = plan.wheelhouse
     build_image(
         client, plan.tag, plan.base_image, wheelhouse, plan.torch_index_url, extras=plan.extras

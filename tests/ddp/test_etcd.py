@@ -296,3 +296,17 @@ def test_two_gloo_ranks_meet_through_the_store(etcd, tmp_path):
         _allreduce_through_etcd, 2, tmp_path, etcd.credentials, "/t/gloo/", timeout_s=60
     )
     assert sums == {0: 3.0, 1: 3.0}
+
+
+def test_the_members_certificate_names_the_addresses_it_serves(tmp_path):
+    """The lab's members listen on their containers' addresses: the server certificate must
+    name exactly those (and loopback's name), or every client's TLS check refuses them."""
+    make_certificates(tmp_path / "tls", ["10.1.2.3", "10.1.2.4"])
+    text = subprocess.run(
+        ["openssl", "x509", "-in", str(tmp_path / "tls" / "server.pem"), "-noout", "-text"],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout  # fmt: skip
+    assert "IP Address:10.1.2.3, IP Address:10.1.2.4, DNS:localhost" in text
+    assert "127.0.0.1" not in text
+    with pytest.raises(ValueError, match="does not appear to be an IPv4 or IPv6 address"):
+        make_certificates(tmp_path / "bad", ["node5"])

@@ -1,9 +1,10 @@
-"""Docker tier: ``python -m lab kill --recovery live --mode kill --rejoin`` end to end -- a
-coordinator container, four ranks in four containers, one SIGKILLed by ``docker kill`` during
-a step, the survivors going on at world 3, a replacement started in the dead rank's container
-and healed from a peer, then the restart path on the same job -- its timeline, its table, its
-verdict line, its files, and nothing labelled ``lab.run`` left behind; and the coordinator
-itself as the target.
+"""Docker tier: ``python -m lab kill --recovery live --mode kill --rejoin`` end to end -- the
+job's etcd in three containers, the launcher's decider in one, four ranks in four containers,
+one SIGKILLed by ``docker kill`` during a step, the survivors going on at world 3, a
+replacement started in the dead rank's container and healed from a peer, then the restart
+path on the same job -- its timeline, its table, its verdict line, its files, and nothing
+labelled ``lab.run`` left behind; and the control plane as the target: the decider, one etcd
+member (survived), two (a clean stop).
 Run with ``pytest -m docker tests/docker/test_kill_live.py``."""
 
 from __future__ import annotations
@@ -55,22 +56,48 @@ def test_live_recovery_with_a_replacement_and_the_restart_path(client, tmp_path)
 
 
 @pytest.mark.timeout(900)
-def test_the_coordinator_as_the_target(client, tmp_path):
-    """``--target coordinator``: the coordinator's container SIGKILLed in step 4. By design
-    every rank either notices and stops with ddp's exit code for it (a clean stop, one line
-    each), or a successor takes over and every step is committed; never a run that trains on
-    and says its replicas held with nobody left to notice a fault."""
-    argv = "kill --recovery live --target coordinator --mode kill --at-step 4 --steps 30"
+@pytest.mark.parametrize(
+    ("target", "lost"),
+    [
+        ("--target coordinator", "the launcher's decider"),
+        ("--target etcd", "1 of the 3 etcd members"),
+    ],
+)
+def test_the_control_plane_lost_and_survived(client, tmp_path, target, lost):
+    """The decider's container, or one etcd member's, SIGKILLed in step 4: by design the job
+    trains to the end (a member takes the decider's role; etcd answers while two of three
+    live), every step committed once and the replicas identical."""
+    argv = f"kill --recovery live {target} --mode kill --at-step 4 --steps 30"
     out, run_id = run_lab(client, [*argv.split(), "--runs-dir", str(tmp_path)], 850)
     last = out.strip().splitlines()[-1]
-    assert last.startswith("coordinator lost in step 4: "), out
-    assert "clean stop: every rank noticed" in last or "survived the coordinator's loss" in last
-    assert "lab: kill the coordinator (docker kill" in out
+    assert last.startswith(f"{lost} lost in step 4: the job survived the loss of {lost}"), out
+    assert f"lab: kill {lost} (docker kill" in out
     doc = json.loads((tmp_path / run_id / "live.json").read_text())
     assert doc["ok"] and doc["headline"] == last and doc["paths"][0]["name"] == "ours (live)"
     logs = load_attempts(tmp_path / run_id / "live" / "logs")
     assert sorted(logs) == [0, 1, 2, 3]
-    if "clean stop" in last:  # nobody claimed its replicas held after the loss
-        for attempts in logs.values():
-            records = attempts[-1].records
-            assert not any(isinstance(r, RecoveryVerdictRecord) and r.holds for r in records)
+    for attempts in logs.values():
+        verdict = [r for r in attempts[-1].records if isinstance(r, RecoveryVerdictRecord)]
+        assert len(verdict) == 1 and verdict[0].holds, verdict
+        assert verdict[0].committed_steps == verdict[0].expected_steps == 30
+
+
+@pytest.mark.timeout(900)
+def test_etcds_majority_lost_is_a_clean_stop(client, tmp_path):
+    """Two of etcd's three members SIGKILLed in step 4: nothing can decide a quorum any more,
+    so every rank stops with ddp's exit code for it (one diagnosis line each) and none says
+    its replicas held."""
+    argv = "kill --recovery live --target etcd --count 2 --mode kill --at-step 4 --steps 30"
+    out, run_id = run_lab(client, [*argv.split(), "--runs-dir", str(tmp_path)], 850)
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(
+        "2 of the 3 etcd members lost in step 4: clean stop: every rank noticed the loss"
+    ), out
+    doc = json.loads((tmp_path / run_id / "live.json").read_text())
+    assert doc["ok"] and doc["headline"] == last
+    logs = load_attempts(tmp_path / run_id / "live" / "logs")
+    assert sorted(logs) == [0, 1, 2, 3]
+    for attempts in logs.values():
+        records = attempts[-1].records
+        assert not any(isinstance(r, RecoveryVerdictRecord) and r.holds for r in records)
+        assert attempts[-1].failure is not None and "etcd" in attempts[-1].failure.message

@@ -50,11 +50,13 @@ def test_the_command_line_builds_a_live_plan_and_its_restart_path():
         True,
         True,
     )
-    assert p.train == LIVE_TRAIN and p.cluster_layout.nodes == 5 and p.coordinator_node == 4
+    # 4 ranks, the decider's node, then etcd's three
+    assert p.train == LIVE_TRAIN and p.cluster_layout.nodes == 8 and p.coordinator_node == 4
+    assert p.etcd_nodes == (5, 6, 7) and p.fault_nodes == (2,)
     argv = p.coordinator_argv()
-    assert argv[:3] == ["python", "-m", "ddp.recovery.protocol.coordinator"]
+    assert argv[:3] == ["python", "-m", "ddp.recovery.etcd.decider"]
     assert argv[argv.index("--world-size") + 1] == "4"
-    assert p.config("10.0.0.5:29500").coordinator == "10.0.0.5:29500"
+    assert p.config(None).coordinator is None  # the ranks find etcd in their environment
     restart = p.restart_plan()  # the same job, checkpointed, every rank restarted
     assert restart.recover and restart.train.recovery == "restart"
     assert (restart.train.model, restart.train.steps) == (p.train.model, p.train.steps)
@@ -198,10 +200,13 @@ def test_a_rejoin_that_did_not_happen_fails_and_says_so():
     assert judge(result).lines[-1].endswith("no replacement was started")
 
 
-def _coordinator_loss(codes: dict[int, int], quorum_after: bool = False) -> LiveResult:
-    """The coordinator killed at T in step 5; every rank's records up to then, then (exit 5)
-    the failure record ddp writes when it notices, or (exit 0) the rest of the run."""
-    plan = LivePlan(rank=0, at_step=5, mode="kill", target="coordinator", compare=False)
+def _coordinator_loss(
+    codes: dict[int, int], quorum_after: bool = False, target: str = "etcd", count: int = 2
+) -> LiveResult:
+    """The control plane hit at T in step 5 (default: two of etcd's three members); every
+    rank's records up to then, then (exit 5) the failure record ddp writes when it notices, or
+    (exit 0) the rest of the run."""
+    plan = LivePlan(rank=0, at_step=5, mode="kill", target=target, count=count, compare=False)
     logs = {}
     for r in range(4):
         code = codes.get(r)  # None: still running when the lab stopped it
@@ -210,42 +215,50 @@ def _coordinator_loss(codes: dict[int, int], quorum_after: bool = False) -> Live
             *[CommitRecord(r, s, 1, 4, True, T - 1 + s * 0.2 + r / 1000) for s in (1, 2, 3, 4)],
         ]
         if code == 5:
-            recs.append(FailureRecord(r, "the live-recovery coordinator was lost (no successor)"))
+            recs.append(FailureRecord(r, "etcd did not answer for 2 s"))
         elif code == 0:
             if quorum_after:
                 recs.append(QuorumRecord(r, 2, [0, 1, 2, 3], 4, r, T + 1.5, "successor"))
             recs.append(RecoveryVerdictRecord(r, True, 40, 40, 0, 1, 40, "replicas identical"))
         logs[r] = [RankLog(r, recs)]
     ended = {"live": {r: T + 1.2 + r / 10 for r in codes}}  # exit 5: the last at +1.5 s
-    moments = [Moment(T, "lab: kill the coordinator", "fault")]
+    moments = [Moment(T, f"lab: kill {plan.target_text}", "fault")]
     return LiveResult(
         plan, "c1", Path("/nowhere"), moments, {"live": logs}, {"live": codes}, None, 0, None, ended
     )
 
 
-def test_coordinator_loss_a_clean_stop_passes_and_says_how_fast():
+def test_losing_etcds_majority_a_clean_stop_passes_and_says_how_fast():
     verdict = judge(_coordinator_loss({r: 5 for r in range(4)}))
     assert verdict.ok, verdict.lines
     assert verdict.lines == [
-        "clean stop: every rank noticed the coordinator's loss and stopped with exit 5 within "
-        "1.50 s of the fault; no quorum formed after it; rank 0 said: the live-recovery "
-        "coordinator was lost (no successor)"
+        "clean stop: every rank noticed the loss of 2 of the 3 etcd members and stopped with "
+        "exit 5 within 1.50 s of the fault; rank 0 said: etcd did not answer for 2 s"
     ]
     out = lines(analyse(_coordinator_loss({r: 5 for r in range(4)})))
-    assert out[-1].startswith("coordinator lost in step 5: clean stop: every rank noticed")
+    assert out[-1].startswith("2 of the 3 etcd members lost in step 5: clean stop: every rank")
 
 
 @pytest.mark.parametrize(
-    ("codes", "quorum_after", "ok", "says"),
+    ("codes", "target", "count", "ok", "says"),
     [
-        ({r: 0 for r in range(4)}, False, False, "fault tolerance was lost and the run did not"),
-        ({r: 0 for r in range(4)}, True, True, "the job survived the coordinator's loss"),
-        ({0: 5, 1: 5, 2: 4, 3: 5}, False, False, "neither a clean stop (exit 5 on every rank)"),
-        ({0: 5, 1: 5}, False, False, "ranks [2, 3] neither stopped nor finished"),
+        ({r: 0 for r in range(4)}, "etcd", 1, True, "the job survived the loss of 1 of the 3"),
+        (
+            {r: 0 for r in range(4)},
+            "coordinator",
+            1,
+            True,
+            "survived the loss of the launcher's decider",
+        ),
+        ({r: 0 for r in range(4)}, "etcd", 2, False, "trained to the end after losing 2 of"),
+        ({r: 5 for r in range(4)}, "etcd", 1, False, "should be survived"),
+        ({r: 5 for r in range(4)}, "coordinator", 1, False, "should be survived"),
+        ({0: 5, 1: 5, 2: 4, 3: 5}, "etcd", 2, False, "neither a clean stop (exit 5 on every"),
+        ({0: 5, 1: 5}, "etcd", 2, False, "ranks [2, 3] neither stopped nor finished"),
     ],
 )
-def test_coordinator_loss_judged_from_exits_and_records(codes, quorum_after, ok, says):
-    verdict = judge(_coordinator_loss(codes, quorum_after))
+def test_control_plane_loss_judged_from_exits_and_records(codes, target, count, ok, says):
+    verdict = judge(_coordinator_loss(codes, target=target, count=count))
     assert verdict.ok is ok and says in verdict.lines[0], verdict.lines
 
 
@@ -255,6 +268,9 @@ def test_coordinator_loss_judged_from_exits_and_records(codes, quorum_after, ok,
         ("--target coordinator --rank 1", "drop --rank and --host"),
         ("--target coordinator --rejoin", "drop --rejoin"),
         ("--target coordinator --compare restart", "drop --compare"),
+        ("--target etcd --count 4", "--count is how many of the 3 etcd members"),
+        ("--target etcd --rank 2", "drop --rank and --host"),
+        ("--count 2", "--count goes with --target etcd"),
     ],
 )
 def test_coordinator_target_refusals(argv, message, capsys):
@@ -266,10 +282,14 @@ def test_coordinator_target_plan():
     top, _ = build_parser()
     argv = "kill --recovery live --target coordinator --mode pause --at-step 5"
     plan = kill.plan(top.parse_args(argv.split()))
-    assert (plan.target, plan.fault_node, plan.lost, plan.compare) == (
+    assert (plan.target, plan.fault_nodes, plan.lost, plan.compare) == (
         "coordinator",
-        4,
+        (4,),
         None,
         False,
     )
-    assert plan.describe().endswith("fault: pause the coordinator in step 5")
+    assert plan.describe().endswith("fault: pause the launcher's decider in step 5")
+    argv = "kill --recovery live --target etcd --count 2 --mode kill --at-step 5"
+    plan = kill.plan(top.parse_args(argv.split()))
+    assert (plan.target, plan.count, plan.fault_nodes, plan.lost) == ("etcd", 2, (5, 6), None)
+    assert plan.describe().endswith("fault: kill 2 of the 3 etcd members in step 5")

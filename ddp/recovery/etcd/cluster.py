@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import ipaddress
 import os
 import shutil
 import signal
@@ -25,12 +26,14 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddp.recovery.etcd.client import Credentials, Etcd, EtcdError, EtcdUnavailable
+from ddp.recovery.etcd.client import Credentials, Etcd, EtcdError
+from ddp.recovery.etcd.ready import wait_ready
 
-__all__ = ["EmbeddedEtcd", "etcd_binary", "make_certificates"]
+__all__ = ["EmbeddedEtcd", "etcd_binary", "make_certificates", "member_argv"]
 
 MISSING_ETCD = (
     "live recovery needs etcd: apt-get install -y etcd-server (Debian), or put etcd on PATH"
@@ -55,19 +58,22 @@ def _openssl(*args: str, cwd: Path) -> None:
         raise RuntimeError(f"openssl {args[0]} failed: {done.stderr.strip().splitlines()[-1:]}")
 
 
-def make_certificates(directory: Path) -> Path:
-    """A CA, one certificate for every member (server and peer, 127.0.0.1) and one client
-    certificate, in ``directory``; returns the directory of the client's three files (the
-    ``Credentials.from_directory`` shape). The CA's key stays in ``directory`` and dies with it.
+def make_certificates(directory: Path, addresses: Sequence[str] = ("127.0.0.1",)) -> Path:
+    """A CA, one certificate for every member (server and peer, valid for ``addresses``) and
+    one client certificate, in ``directory``; returns the directory of the client's three files
+    (the ``Credentials.from_directory`` shape). The CA's key stays in ``directory`` and dies
+    with it.
 
     P-256 keys: generated in milliseconds, where RSA keys would cost a job's start a second."""
+    for address in addresses:
+        ipaddress.ip_address(address)  # ValueError: the certificate names IP addresses only
     directory.mkdir(parents=True, exist_ok=True)
+    names = ",".join([*(f"IP:{a}" for a in addresses), "DNS:localhost"])
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     _openssl("req", "-x509", *ec, "-keyout", "ca-key.pem", "-out", "ca.pem", "-days", "2",
              "-subj", "/CN=ddp job CA", cwd=directory)  # fmt: skip
     uses = {
-        "server": "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-        "extendedKeyUsage=serverAuth,clientAuth\n",
+        "server": f"subjectAltName={names}\nextendedKeyUsage=serverAuth,clientAuth\n",
         "client": "extendedKeyUsage=clientAuth\n",
     }
     for name, extensions in uses.items():
@@ -85,6 +91,48 @@ def make_certificates(directory: Path) -> Path:
     for key in directory.rglob("*key.pem"):
         key.chmod(0o600)
     return client
+
+
+def member_argv(
+    binary: str,
+    name: str,
+    client_url: str,
+    peer_url: str,
+    cluster: str,
+    token: str,
+    data_dir: Path | str,
+    tls: Path | str,
+) -> list[str]:
+    """One member of a new cluster: its URLs, the whole ``cluster`` (``name=peer_url,...``),
+    and the files of :func:`make_certificates` in ``tls`` (the server's certificate serves the
+    peer port too); mutual TLS on both ports, so no client or peer without the job's
+    certificate is heard. Here and in the lab's containers alike."""
+    tls = Path(tls)
+    return [
+        binary,
+        f"--name={name}",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls={client_url}",
+        f"--advertise-client-urls={client_url}",
+        f"--listen-peer-urls={peer_url}",
+        f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster={cluster}",
+        f"--initial-cluster-token={token}",
+        "--initial-cluster-state=new",
+        f"--heartbeat-interval={_HEARTBEAT_MS}",
+        f"--election-timeout={_ELECTION_MS}",
+        f"--cert-file={tls / 'server.pem'}",
+        f"--key-file={tls / 'server-key.pem'}",
+        f"--trusted-ca-file={tls / 'ca.pem'}",
+        "--client-cert-auth",
+        f"--peer-cert-file={tls / 'server.pem'}",
+        f"--peer-key-file={tls / 'server-key.pem'}",
+        f"--peer-trusted-ca-file={tls / 'ca.pem'}",
+        "--peer-client-cert-auth",
+        "--logger=zap",
+        "--log-outputs=stderr",
+        "--log-level=warn",
+    ]
 
 
 def _die_with_parent() -> None:
@@ -184,31 +232,9 @@ class EmbeddedEtcd:
         self._wait_healthy()
 
     def _spawn(self, binary: str, m: _Member, cluster: str, token: str, tls: Path) -> None:
-        args = [
-            binary,
-            f"--name={m.name}",
-            f"--data-dir={m.data_dir}",
-            f"--listen-client-urls={m.client_url}",
-            f"--advertise-client-urls={m.client_url}",
-            f"--listen-peer-urls={m.peer_url}",
-            f"--initial-advertise-peer-urls={m.peer_url}",
-            f"--initial-cluster={cluster}",
-            f"--initial-cluster-token={token}",
-            "--initial-cluster-state=new",
-            f"--heartbeat-interval={_HEARTBEAT_MS}",
-            f"--election-timeout={_ELECTION_MS}",
-            f"--cert-file={tls / 'server.pem'}",
-            f"--key-file={tls / 'server-key.pem'}",
-            f"--trusted-ca-file={tls / 'ca.pem'}",
-            "--client-cert-auth",
-            f"--peer-cert-file={tls / 'server.pem'}",
-            f"--peer-key-file={tls / 'server-key.pem'}",
-            f"--peer-trusted-ca-file={tls / 'ca.pem'}",
-            "--peer-client-cert-auth",
-            "--logger=zap",
-            "--log-outputs=stderr",
-            "--log-level=warn",
-        ]
+        args = member_argv(
+            binary, m.name, m.client_url, m.peer_url, cluster, token, m.data_dir, tls
+        )
         m.log = self.directory / f"{m.name}.log"
         with open(m.log, "wb") as log:
             m.process = subprocess.Popen(
@@ -220,10 +246,7 @@ class EmbeddedEtcd:
             )
 
     def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.start_timeout_s
-        client = Etcd(self.credentials, timeout_s=1.0)
-        last: Exception | None = None
-        while time.monotonic() < deadline:
+        def exited() -> None:
             for m in self._members:
                 assert m.process is not None
                 if m.process.poll() is not None:
@@ -231,15 +254,8 @@ class EmbeddedEtcd:
                         f"etcd member {m.name} exited with {m.process.returncode} at start: "
                         f"{self._tail(m)}"
                     )
-            try:
-                client.put("/ddp/healthy", b"1")
-                return
-            except EtcdError as err:
-                last = err
-                time.sleep(0.05)
-        raise EtcdUnavailable(
-            f"the etcd cluster had no leader within {self.start_timeout_s:g} s ({last})"
-        )
+
+        wait_ready(self.credentials, self.start_timeout_s, exited)
 
     @staticmethod
     def _tail(m: _Member) -> str:

@@ -19,7 +19,7 @@ from lab import args as common
 from lab.engine.placement import current
 from lab.experiments.kill import live, restart, torchrun
 from lab.experiments.kill.live import LivePlan, LiveResult, options
-from lab.experiments.kill.live.plan import COORDINATOR_LOST, LIVE_TRAIN, TARGETS
+from lab.experiments.kill.live.plan import COORDINATOR_LOST, ETCD_MEMBERS, LIVE_TRAIN, TARGETS
 from lab.experiments.kill.restart import KillPlan, KillResult
 from lab.experiments.kill.restart.plan import DEFAULT_TRAIN, RUN_TIMEOUT_HELP
 from lab.experiments.kill.torchrun import TorchrunKillPlan, TorchrunKillResult
@@ -152,10 +152,17 @@ def _add_live_arguments(p: argparse.ArgumentParser) -> None:
         "--target",
         choices=TARGETS,
         default=None,
-        help="--recovery live: what the fault hits: rank (the --rank given), or coordinator "
-        "(the coordinator's container: every rank must notice; ddp stops them with exit "
-        f"{COORDINATOR_LOST}, or a successor takes over; no other path runs beside it) "
-        "(default rank)",
+        help="--recovery live: what the fault hits: rank (the --rank given), coordinator "
+        "(the launcher's decider's container: a member takes the role and training goes on), "
+        "or etcd (--count of the job's 3 etcd members' containers: one lost is survived; two "
+        f"are a majority, and every rank stops with exit {COORDINATOR_LOST}); no other path "
+        "runs beside the last two (default rank)",
+    )
+    g.add_argument(
+        "--count",
+        type=common.number(1, kind=int),
+        default=None,
+        help=f"--target etcd: how many of its {ETCD_MEMBERS} members to hit (default 1)",
     )
     g.add_argument(
         "--heartbeat-timeout",
@@ -247,9 +254,11 @@ def _live_plan(args: argparse.Namespace) -> LivePlan:
         train = train.replace(heartbeat_timeout_s=args.heartbeat_timeout)
     restart, torchft = options.compared(args)
     target = args.target or "rank"
-    if target == "coordinator":
+    if args.count is not None and target != "etcd":
+        raise ValueError("--count goes with --target etcd: add it, or drop --count")
+    if target != "rank":
         if args.rank is not None or args.host is not None:
-            raise ValueError("--target coordinator hits the coordinator: drop --rank and --host")
+            raise ValueError(f"--target {target} hits no rank: drop --rank and --host")
         rank = 0  # whose commit of the step before times the fault
         restart = restart and args.compare is not None  # nothing to compare with by default
     else:
@@ -257,6 +266,7 @@ def _live_plan(args: argparse.Namespace) -> LivePlan:
     live = LivePlan(
         rank=rank,
         target=target,
+        count=args.count or 1,
         at_step=args.at_step,
         mode=args.mode,
         train=train,
@@ -287,7 +297,7 @@ def plan(args: argparse.Namespace) -> KillPlan | TorchrunKillPlan | LivePlan:
         return _live_plan(args)
     live_only = [
         f
-        for f in ("rejoin", "heartbeat_timeout", "no_compare", "compare", "target")
+        for f in ("rejoin", "heartbeat_timeout", "no_compare", "compare", "target", "count")
         if getattr(args, f)
     ]
     if live_only:

@@ -29,7 +29,7 @@ from ddp.torchfree import (
     recovery_figures,
     torchft_agreement,
 )
-from lab.experiments.kill.live.plan import COORDINATOR_LOST
+from lab.experiments.kill.live.plan import COORDINATOR_LOST, ETCD_MEMBERS
 from lab.experiments.kill.live.result import LiveResult
 from lab.experiments.kill.restart.result import KillResult
 
@@ -136,8 +136,8 @@ def judge(result: LiveResult) -> Verdict:
     """Exit 0 only if the survivors committed a step without the lost rank, every member of
     the last quorum says the replicas were identical after every committed step and every
     step was committed, and (``--rejoin``) the replacement healed."""
-    if result.plan.target == "coordinator":
-        return _judge_coordinator_loss(result)
+    if result.plan.target != "rank":
+        return _judge_control_plane_loss(result)
     records = live_records(result)
     verdicts = [r for r in records if isinstance(r, RecoveryVerdictRecord)]
     row, figs = live_row(result)
@@ -176,21 +176,24 @@ def judge(result: LiveResult) -> Verdict:
     return Verdict(ok, lines)
 
 
-def _judge_coordinator_loss(result: LiveResult) -> Verdict:
-    """The coordinator was the target. Fine by design: every rank noticed and stopped with
-    ddp's exit code for it, and none claimed its replicas held (a clean stop); or the job
-    survived, a new quorum formed after the loss and every step was committed. A run whose
-    ranks trained on with no quorum after the loss lost its fault tolerance silently: failed."""
+def _judge_control_plane_loss(result: LiveResult) -> Verdict:
+    """The decider or etcd members were the target. Fine by design: the job went on to the end
+    with every step committed and every member saying the replicas were identical (the
+    decider's role moves to a member; etcd answers while a majority lives); or, with etcd's
+    majority gone, every rank stopped with ddp's exit code for it and none claimed its replicas
+    held (a clean stop). What the plan expects decides which: a lost majority that trained on,
+    or one member's loss that stopped the job, fails."""
     plan, fault = result.plan, result.moment("fault")
+    what = plan.target_text
+    stop_expected = plan.target == "etcd" and plan.count > ETCD_MEMBERS // 2
     codes = result.codes.get("live", {})
     ranks = range(plan.nodes)
     records = live_records(result)
     t = fault.t if fault is not None else 0.0
     verdicts = [r for r in records if isinstance(r, RecoveryVerdictRecord)]
-    quorums = sorted({r.quorum_id for r in records if isinstance(r, QuorumRecord) and r.t >= t})
     exits = ", ".join(f"rank {r} {codes.get(r, '-')}" for r in ranks)
     if fault is None:
-        return Verdict(False, ["the coordinator was never hit"])
+        return Verdict(False, [f"the fault on {what} never landed"])
     if all(codes.get(r) == COORDINATOR_LOST for r in ranks):
         claimed = [v.rank for v in verdicts if v.holds]
         if claimed:
@@ -202,22 +205,27 @@ def _judge_coordinator_loss(result: LiveResult) -> Verdict:
             (a[-1].failure.message for a in result.logs.get("live", {}).values() if a[-1].failure),
             "no failure record",
         )
-        return Verdict(
-            True,
-            [
-                f"clean stop: every rank noticed the coordinator's loss and stopped with exit "
-                f"{COORDINATOR_LOST}{within}; no quorum formed after it; rank 0 said: {said}"
-            ],
+        line = (
+            f"clean stop: every rank noticed the loss of {what} and stopped with exit "
+            f"{COORDINATOR_LOST}{within}; rank 0 said: {said}"
         )
-    if all(codes.get(r) == 0 for r in ranks) and quorums:
+        if not stop_expected:
+            return Verdict(False, [f"{line}; but losing {what} should be survived"])
+        return Verdict(True, [line])
+    if all(codes.get(r) == 0 for r in ranks):
         bad = [v for v in verdicts if not v.holds or v.committed_steps != v.expected_steps]
-        if verdicts and not bad:
+        if stop_expected:
             return Verdict(
-                True,
-                [
-                    f"the job survived the coordinator's loss: quorums {quorums} formed after "
-                    f"it; {verdicts[0].message}"
-                ],
+                False,
+                [f"every rank trained to the end after losing {what}, a majority of etcd"],
+            )
+        if verdicts and not bad:
+            quorums = sorted(
+                {r.quorum_id for r in records if isinstance(r, QuorumRecord) and r.t >= t}
+            )
+            formed = f"quorums {quorums} formed after it" if quorums else "no new quorum needed"
+            return Verdict(
+                True, [f"the job survived the loss of {what} ({formed}); {verdicts[0].message}"]
             )
         return Verdict(False, [f"rank {v.rank}: {v.message}" for v in bad] or ["no verdict"])
     stuck = [r for r in ranks if r not in codes]
@@ -227,22 +235,14 @@ def _judge_coordinator_loss(result: LiveResult) -> Verdict:
         return Verdict(
             False,
             [
-                f"after the coordinator's loss ranks {stuck} neither stopped nor finished "
+                f"after the loss of {what} ranks {stuck} neither stopped nor finished "
                 f"(stopped by the lab once nothing moved{last}): no rank noticed the loss"
-            ],
-        )
-    if all(codes.get(r) == 0 for r in ranks):
-        return Verdict(
-            False,
-            [
-                "every rank trained to the end with no quorum formed after the coordinator's "
-                "loss: fault tolerance was lost and the run did not say so"
             ],
         )
     return Verdict(
         False,
         [
-            f"after the coordinator's loss the ranks exited {exits}: neither a clean stop "
+            f"after the loss of {what} the ranks exited {exits}: neither a clean stop "
             f"(exit {COORDINATOR_LOST} on every rank) nor a survived run"
         ],
     )

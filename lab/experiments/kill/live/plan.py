@@ -2,7 +2,10 @@
 path it is compared with. Pure and validated before any container exists.
 
 The ranks run one per container (nodes 0..N-1) and the coordinator in a container of its own
-(node N), so no rank's fault takes the store along. The restart path is the same job under
+(node N), so no rank's fault takes it along: under ``--recovery live`` that is the launcher's
+decider (``ddp.recovery.etcd.decider``), and the job's etcd runs in three more containers
+(nodes N+1..N+3), so that a member's loss is a container's (``--target etcd --count 1|2``);
+under torchft, its lighthouse. The restart path is the same job under
 ``lab kill --recover`` (checkpoints every ``restart_checkpoint_every`` steps, every rank
 restarted after the fault, resumed from the newest checkpoint): the row the live path is
 measured against, run by the same command on the same containers' image.
@@ -23,6 +26,7 @@ from lab.experiments.kill.restart.plan import KillPlan, checkpoint_dir, default_
 __all__ = [
     "COORDINATOR_LOST",
     "COORDINATOR_PORT",
+    "ETCD_MEMBERS",
     "LIVE_MODES",
     "LIVE_TRAIN",
     "RECOVERIES",
@@ -31,9 +35,11 @@ __all__ = [
 ]
 
 COORDINATOR_PORT = 29500
-# What the fault hits: a rank (--rank), or the coordinator's container (--target coordinator).
-TARGETS = ("rank", "coordinator")
-# ddp's exit code for a rank that noticed the coordinator's loss with no successor to take over:
+# What the fault hits: a rank (--rank), the coordinator's container (--target coordinator), or
+# --count of the etcd members' containers (--target etcd).
+TARGETS = ("rank", "coordinator", "etcd")
+ETCD_MEMBERS = 3  # one lost is survived; two are a majority, and training stops
+# ddp's exit code for a rank whose control plane stopped answering (etcd lost its majority):
 # it stops rather than train on with nobody to notice the next fault.
 COORDINATOR_LOST = 5
 LIVE_MODES = ("kill", "pause", "partition")
@@ -67,7 +73,8 @@ class LivePlan:
     recovery: str = "live"  # "torchft": torchft's Manager and lighthouse drive the same job
     torchft: bool = False  # (live) also run the same job under torchft, for its row
     restart_checkpoint_every: int = 2
-    target: str = "rank"  # one of TARGETS; "coordinator": rank is the one whose step times it
+    target: str = "rank"  # one of TARGETS; otherwise rank is the one whose step times it
+    count: int = 1  # --target etcd: how many of its members the fault hits
     run_timeout_s: float | None = None
     image: str = DEFAULT_IMAGE
     runs_dir: Path = Path("runs")
@@ -98,16 +105,23 @@ class LivePlan:
             raise ValueError(f"the training config must have recovery={self.recovery!r}")
         if self.target not in TARGETS:
             raise ValueError(f"--target must be one of {', '.join(TARGETS)}, got {self.target!r}")
-        if self.target == "coordinator":
+        if self.target != "rank":
             both = [f for f, on in (("--rejoin", self.rejoin), ("--compare", self.compare)) if on]
             if self.recovery != "live" or self.torchft or both:
                 raise ValueError(
-                    "--target coordinator hits our coordinator, which only --recovery live has, "
-                    "and replaces no rank and compares with no other path: "
+                    f"--target {self.target} hits our control plane, which only --recovery "
+                    "live has, and replaces no rank and compares with no other path: "
                     f"drop {', '.join(both) or '--compare torchft'}"
                     if self.recovery == "live"
-                    else "--target coordinator goes with --recovery live"
+                    else f"--target {self.target} goes with --recovery live"
                 )
+        if not 1 <= self.count <= (ETCD_MEMBERS if self.target == "etcd" else 1):
+            raise ValueError(
+                f"--count is how many of the {ETCD_MEMBERS} etcd members --target etcd hits "
+                f"(1..{ETCD_MEMBERS}), got {self.count}"
+                if self.target == "etcd"
+                else f"--count goes with --target etcd (got {self.count})"
+            )
         if self.torchft and self.recovery == "torchft":
             raise ValueError("a torchft run compares with torchft itself: drop torchft=True")
         if self.compare and not 1 <= self.restart_checkpoint_every < self.at_step:
@@ -125,42 +139,56 @@ class LivePlan:
 
     @property
     def layout(self) -> Layout:
-        """The ranks' nodes: one rank each. The coordinator's node comes after them."""
+        """The ranks' nodes: one rank each. The coordinator's node and etcd's come after."""
         return Layout(self.nodes, 1)
 
     @property
     def cluster_layout(self) -> Layout:
-        return Layout(self.nodes + 1, 1)
+        return Layout(self.nodes + 1 + len(self.etcd_nodes), 1)
 
     @property
     def coordinator_node(self) -> int:
         return self.nodes
 
     @property
-    def fault_node(self) -> int:
-        """The node the fault hits: the rank's (one rank per node), or the coordinator's."""
-        return self.coordinator_node if self.target == "coordinator" else self.rank
+    def etcd_nodes(self) -> tuple[int, ...]:
+        """The etcd members' nodes (``--recovery live`` only), after the coordinator's."""
+        first = self.coordinator_node + 1
+        return tuple(range(first, first + ETCD_MEMBERS)) if self.recovery == "live" else ()
+
+    @property
+    def fault_nodes(self) -> tuple[int, ...]:
+        """The nodes the fault hits: the rank's (one rank per node), the coordinator's, or the
+        first ``count`` etcd members'."""
+        if self.target == "etcd":
+            return self.etcd_nodes[: self.count]
+        return (self.coordinator_node if self.target == "coordinator" else self.rank,)
 
     @property
     def lost(self) -> int | None:
-        """The rank the fault takes away (None: the coordinator, every rank survives it)."""
-        return None if self.target == "coordinator" else self.rank
+        """The rank the fault takes away (None: the control plane was hit, not a rank)."""
+        return self.rank if self.target == "rank" else None
 
     @property
     def target_text(self) -> str:
-        return "the coordinator" if self.target == "coordinator" else f"rank {self.rank}"
+        if self.target == "etcd":
+            return f"{self.count} of the {ETCD_MEMBERS} etcd members"
+        if self.target == "coordinator":
+            return "the launcher's decider"
+        return f"rank {self.rank}"
 
     @property
     def lifetime_s(self) -> float:
         assert self.run_timeout_s is not None
         return math.ceil(2 * self.run_timeout_s + _SLACK_S)
 
-    def config(self, coordinator: str) -> TrainConfig:
-        """Every rank's config (a replacement's too): the coordinator's ``HOST:PORT``."""
+    def config(self, coordinator: str | None) -> TrainConfig:
+        """Every rank's config (a replacement's too): torchft's lighthouse at ``HOST:PORT``;
+        ours finds etcd in the environment (None)."""
         return self.train.replace(coordinator=coordinator)
 
     def coordinator_argv(self) -> list[str]:
-        """Our coordinator, or torchft's lighthouse: a quorum needs more than half the ranks
+        """Our decider, or torchft's lighthouse: a quorum needs more than half the ranks
         (half rounded up), so a split is refused as ours refuses it."""
         assert self.run_timeout_s is not None
         if self.recovery == "torchft":
@@ -176,9 +204,7 @@ class LivePlan:
         return [
             "python",
             "-m",
-            "ddp.recovery.protocol.coordinator",
-            "--port",
-            str(COORDINATOR_PORT),
+            "ddp.recovery.etcd.decider",
             "--world-size",
             str(self.nodes),
             "--heartbeat-timeout",
@@ -218,7 +244,11 @@ class LivePlan:
     def describe(self) -> str:
         t = self.train
         rejoin = ", then a replacement joins" if self.rejoin else ""
-        node = "a lighthouse node (torchft)" if self.recovery == "torchft" else "a coordinator node"
+        node = (
+            "a lighthouse node (torchft)"
+            if self.recovery == "torchft"
+            else f"a coordinator node, {ETCD_MEMBERS} etcd nodes"
+        )
         return (
             f"{self.layout.describe()} and {node}, model {t.model}, {t.steps} steps "
             f"({t.step_delay_ms:g} ms step delay), heartbeat timeout {t.heartbeat_timeout_s:g} "

@@ -1,6 +1,7 @@
-"""``lab kill --recovery live``'s run: a coordinator container, one rank per container, the
-fault injected when the target's records say so, a replacement started once the survivors
-committed a step without it (``--rejoin``); then, on fresh containers, the restart path.
+"""``lab kill --recovery live``'s run: the job's etcd in three containers, the launcher's
+decider in one, one rank per container, the fault injected when the target's records say so,
+a replacement started once the survivors committed a step without it (``--rejoin``); then, on
+fresh containers, the restart path.
 
 The jobs are followed only through their typed records (the fault's trigger, the survivors'
 first commit at the smaller world, the end): :mod:`ddp.recovery.records`.
@@ -8,13 +9,16 @@ first commit at the smaller world, the end): :mod:`ddp.recovery.records`.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-from ddp.torchfree import SECRET_ENV, CommitRecord, load_attempts
+from ddp.recovery.etcd.decider import JOB_ENV
+from ddp.torchfree import SECRET_ENV, CommitRecord, TrainConfig, load_attempts
 from lab.engine.client import RunTimeout, connect
 from lab.engine.cluster import Cluster
+from lab.engine.etcd import lab_etcd
 from lab.engine.events import Event, ExitEvent, LineEvent, RecordEvent
 from lab.engine.job import Job
 from lab.engine.training import train_argvs
@@ -114,86 +118,108 @@ def _committed_without(plan: LivePlan) -> Callable[[Event], bool]:
     return hit
 
 
-def _live(cluster: Cluster, plan: LivePlan, fault: Fault, echo: _Echo) -> list[Moment]:
+@contextlib.contextmanager
+def _control_plane(
+    cluster: Cluster, plan: LivePlan, follow: _Echo2, echo: _Echo
+) -> Iterator[tuple[Job, TrainConfig, dict[str, str] | None]]:
+    """Ours: the job's etcd (three containers) and the launcher's decider; torchft's: its
+    lighthouse. Yields the decider's (lighthouse's) job, the ranks' config and environment."""
+    host = cluster.address(plan.coordinator_node)
+    argv = {plan.coordinator_node: plan.coordinator_argv()}
+    with contextlib.ExitStack() as stack:
+        env = None
+        if plan.recovery == "live":
+            # etcd listens on the run's network only, with mutual TLS; the job's secret and id
+            # go to the decider and to every rank in the environment, never on a command line.
+            etcd = stack.enter_context(lab_etcd(cluster, plan.etcd_nodes, plan.lifetime_s))
+            token = secrets.token_hex(16)
+            env = {**etcd.env, SECRET_ENV: token, JOB_ENV: f"job-{token[:8]}"}
+            where = ", ".join(f"node{n}" for n in etcd.nodes)
+            serves, cfg = f"etcd on {where}, the decider", plan.config(None)
+        else:
+            serves, cfg = "torchft's lighthouse", plan.config(f"{host}:{COORDINATOR_PORT}")
+        coordinator = cluster.job(
+            "coordinator", argv, plan.lifetime_s, per_node=True, echo=follow("coordinator"), env=env
+        )
+        echo(f"== {plan.recovery}: {plan.nodes} ranks, {serves} at {host} (node{plan.nodes})")
+        yield coordinator, cfg, env
+
+
+def _inject(plan: LivePlan, faults: list[Fault]) -> Moment:
+    """Every fault of the plan, in turn (``--count``); the moment is the first one's: when the
+    engine says it was in place (a kill: Docker's kill event, logged once the signal was sent),
+    else when the Docker call began (it lands somewhere inside the call, so every "after the
+    fault" figure is then an upper bound)."""
+    start = time.time()
+    for fault in faults:
+        fault.inject()
+    took = time.time() - start
+    at, when = start, f"the call took {took:.3f} s"
+    if faults[0].landed_at is not None:
+        at = faults[0].landed_at
+        when = f"Docker's kill event {at - start:.3f} s into the call; the call took {took:.3f} s"
+        if len(faults) > 1:
+            when = f"{when} for all {len(faults)}"
+    detail = "; ".join(dict.fromkeys(f.detail for f in faults))
+    return Moment(at, f"lab: {plan.mode} {plan.target_text} ({detail}; {when})", "fault")
+
+
+def _live(cluster: Cluster, plan: LivePlan, faults: list[Fault], echo: _Echo) -> list[Moment]:
     """The live job, start to end; the lab's own moments (fault, replacement) for the
     timeline."""
     assert plan.run_timeout_s is not None
     follow = _Echo2(plan, echo)
-    # The coordinator listens on its address on the run's network only; the job's secret goes
-    # to it and to every rank in the environment (ddp.recovery.protocol.messages.job_secret).
-    host = cluster.address(plan.coordinator_node)
-    argv = {plan.coordinator_node: plan.coordinator_argv()}
-    env = None
-    if plan.recovery == "live":
-        argv[plan.coordinator_node] += ["--host", host]
-        env = {SECRET_ENV: secrets.token_hex(16)}
-    coordinator = cluster.job(
-        "coordinator", argv, plan.lifetime_s, per_node=True, echo=follow("coordinator"), env=env
-    )
-    cfg = plan.config(f"{host}:{COORDINATOR_PORT}")
-    fault.prepare(cluster, plan.fault_node)  # one rank per node: the rank's node
-    serves = "torchft's lighthouse" if plan.recovery == "torchft" else "coordinator"
-    echo(
-        f"== {plan.recovery}: {plan.nodes} ranks, {serves} at {cfg.coordinator} (node{plan.nodes})"
-    )
-    job = cluster.job(
-        "live",
-        train_argvs("live", plan.layout, cfg),
-        plan.run_timeout_s,
-        echo=follow("live"),
-        env=env,
-    )
-    jobs = [coordinator, job]
-    _until(
-        jobs,
-        _trigger(plan),
-        plan.run_timeout_s,
-        f"rank {plan.rank} reporting step {plan.at_step - 1}",
-    )
-    # The fault's moment: when the engine says it was in place (a kill: Docker's kill event,
-    # logged once the signal was sent), else when the Docker call began (it lands somewhere
-    # inside the call, so every "after the fault" figure is then an upper bound).
-    start = time.time()
-    fault.inject()
-    took = time.time() - start
-    at, when = start, f"the call took {took:.3f} s"
-    if fault.landed_at is not None:
-        at = fault.landed_at
-        when = f"Docker's kill event {at - start:.3f} s into the call; the call took {took:.3f} s"
-    what = f"lab: {plan.mode} {plan.target_text} ({fault.detail}; {when})"
-    moments = [Moment(at, what, "fault")]
-    survivors = [r for r in range(plan.nodes) if r != plan.lost]
-    if plan.rejoin:
+    with _control_plane(cluster, plan, follow, echo) as (coordinator, cfg, env):
+        for fault, node in zip(faults, plan.fault_nodes, strict=True):
+            fault.prepare(cluster, node)  # one rank per node: the rank's node
+        job = cluster.job(
+            "live",
+            train_argvs("live", plan.layout, cfg),
+            plan.run_timeout_s,
+            echo=follow("live"),
+            env=env,
+        )
+        jobs = [coordinator, job]
         _until(
             jobs,
-            _committed_without(plan),
+            _trigger(plan),
             plan.run_timeout_s,
-            f"a step committed at world {plan.nodes - 1}",
+            f"rank {plan.rank} reporting step {plan.at_step - 1}",
         )
-        fault.release()
-        cluster.restart(plan.rank)  # the old process goes for good; a fresh one replaces it
-        argv = train_argvs("rejoin", plan.layout, cfg)[plan.rank]
-        jobs.append(
-            cluster.job(
-                "rejoin", {plan.rank: argv}, plan.run_timeout_s, echo=follow("rejoin"), env=env
+        moments = [_inject(plan, faults)]
+        survivors = [r for r in range(plan.nodes) if r != plan.lost]
+        if plan.rejoin:
+            _until(
+                jobs,
+                _committed_without(plan),
+                plan.run_timeout_s,
+                f"a step committed at world {plan.nodes - 1}",
             )
-        )
-        moments.append(
-            Moment(time.time(), f"lab: replacement for rank {plan.rank} started", "replacement")
-        )
-    stalled = lambda: False  # noqa: E731
-    if plan.target == "coordinator":
-        # Without a coordinator, ranks that neither commit nor exit for this long are stuck:
-        # the analysis says so rather than wait out the run timeout.
-        quiet_s = plan.train.heartbeat_timeout_s + plan.train.collective_timeout_s + _QUIET_S
-        stalled = lambda: time.monotonic() - follow.moved > quiet_s  # noqa: E731
-    _drain(jobs, {"live": survivors, "coordinator": []}, plan.run_timeout_s, stalled)
-    fault.release()  # a paused or cut-off rank may go now
-    # torchft's lighthouse serves until its container goes: nobody waits for it to exit
-    _drain(jobs, {"coordinator": []} if plan.recovery == "torchft" else {}, _END_GRACE_S)
-    follow.progress.close()
-    for j in jobs:
-        j.close()
+            faults[0].release()
+            cluster.restart(plan.rank)  # the old process goes for good; a fresh one replaces it
+            argv = train_argvs("rejoin", plan.layout, cfg)[plan.rank]
+            jobs.append(
+                cluster.job(
+                    "rejoin", {plan.rank: argv}, plan.run_timeout_s, echo=follow("rejoin"), env=env
+                )
+            )
+            moments.append(
+                Moment(time.time(), f"lab: replacement for rank {plan.rank} started", "replacement")
+            )
+        stalled = lambda: False  # noqa: E731
+        if plan.target != "rank":
+            # With the control plane hit, ranks that neither commit nor exit for this long are
+            # stuck: the analysis says so rather than wait out the run timeout.
+            quiet_s = plan.train.heartbeat_timeout_s + plan.train.collective_timeout_s + _QUIET_S
+            stalled = lambda: time.monotonic() - follow.moved > quiet_s  # noqa: E731
+        _drain(jobs, {"live": survivors, "coordinator": []}, plan.run_timeout_s, stalled)
+        for fault in faults:
+            fault.release()  # a paused or cut-off rank may go now
+        # torchft's lighthouse serves until its container goes: nobody waits for it to exit
+        _drain(jobs, {"coordinator": []} if plan.recovery == "torchft" else {}, _END_GRACE_S)
+        follow.progress.close()
+        for j in jobs:
+            j.close()
     if job.running and any(r in survivors for r in job.running) and plan.target == "rank":
         raise RunTimeout(
             f"live run: survivors {job.running} still running after {plan.run_timeout_s:g} s"
@@ -216,8 +242,9 @@ def run(plan: LivePlan, echo: _Echo = print) -> LiveResult:
     )
     cluster.run_dir = run_dir = plan.runs_dir / cluster.run_id
     echo(f"run {cluster.run_id}: {plan.describe()}; image {plan.image}; output in {run_dir}/")
-    with cluster, fault_type() as fault:
-        moments = _live(cluster, plan, fault, echo)
+    with cluster, contextlib.ExitStack() as stack:
+        faults = [stack.enter_context(fault_type()) for _ in plan.fault_nodes]
+        moments = _live(cluster, plan, faults, echo)
         codes = {j.name: j.codes for j in cluster.jobs}
         ended = {j.name: {r: e.t for r, e in j.exits.items()} for j in cluster.jobs}
     logs = {

@@ -45,9 +45,9 @@ def headline(summary: LiveSummary) -> str:
     committed step``."""
     result, live, figs, verdict = summary.result, summary.live, summary.figures, summary.verdict
     restart, torchft = summary.restart, summary.torchft
-    if result.plan.target == "coordinator":
+    if result.plan.target != "rank":
         said = "; ".join(verdict.lines)
-        return f"coordinator lost in step {result.plan.at_step}: " + (
+        return f"{result.plan.target_text} lost in step {result.plan.at_step}: " + (
             said if verdict.ok else f"FAILED: {said}"
         )
     # torchft's lighthouse may first form a quorum without a survivor stuck in the old group
