@@ -60,6 +60,10 @@ from ddp.program.records import (
 from ddp.recovery.demo.timeline import figures as recovery_figures
 from ddp.recovery.demo.timeline import timeline as recovery_timeline
 from ddp.recovery.demo.torchft.verdict import agreement as torchft_agreement
+from ddp.recovery.etcd.client import ENV_CREDENTIALS as ETCD_CREDENTIALS_ENV
+from ddp.recovery.etcd.client import ENV_ENDPOINTS as ETCD_ENDPOINTS_ENV
+from ddp.recovery.etcd.cluster import etcd_binary, make_certificates, member_argv
+from ddp.recovery.etcd.decider import JOB_ENV
 from ddp.recovery.protocol.messages import SECRET_ENV
 from ddp.recovery.records import (
     CommitRecord,
@@ -96,7 +100,10 @@ __all__ = [
     "ENV_FLIGHT_CAPACITY",
     "ENV_INSTRUMENT",
     "ENV_LOG_DIR",
+    "ETCD_CREDENTIALS_ENV",
+    "ETCD_ENDPOINTS_ENV",
     "GROUPS",
+    "JOB_ENV",
     "POWERSGD_RANK",
     "POWERSGD_START_ITER",
     "REPORT_NAME",
@@ -137,11 +144,14 @@ __all__ = [
     "config_from_args",
     "diagnose",
     "error_meaning",
+    "etcd_binary",
     "flag_of",
     "instrument_environment",
     "load_attempts",
     "load_dumps",
     "load_run",
+    "make_certificates",
+    "member_argv",
     "parse_record_line",
     "rank_exits",
     "rank_outcome",

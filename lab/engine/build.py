@@ -181,7 +181,7 @@ def stage_etcd(wheelhouse: Path) -> Path:
     """Copy this host's etcd into the wheelhouse, where the offline build installs it: the
     lab's live recovery runs its control plane on etcd, and an offline build has no apt.
     Debian's ``etcd-server`` on the host serves a Debian image (it needs only glibc)."""
-    from ddp.recovery.etcd.cluster import etcd_binary
+    from ddp.torchfree import etcd_binary
 
     try:
         binary = etcd_binary()

@@ -21,8 +21,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddp.recovery.etcd.client import ENV_CREDENTIALS, ENV_ENDPOINTS
-from ddp.recovery.etcd.cluster import make_certificates, member_argv
+from ddp.torchfree import (
+    ETCD_CREDENTIALS_ENV,
+    ETCD_ENDPOINTS_ENV,
+    make_certificates,
+    member_argv,
+)
 from lab.engine.client import LabError
 from lab.engine.cluster import Cluster
 from lab.engine.events import Event
@@ -100,8 +104,8 @@ def lab_etcd(
         }
         job = cluster.job("etcd", argvs, lifetime_s, per_node=True, echo=echo)
         env = {
-            ENV_ENDPOINTS: ",".join(f"https://{a}:{CLIENT_PORT}" for a in addresses),
-            ENV_CREDENTIALS: f"{ETCD_DIR}/client",
+            ETCD_ENDPOINTS_ENV: ",".join(f"https://{a}:{CLIENT_PORT}" for a in addresses),
+            ETCD_CREDENTIALS_ENV: f"{ETCD_DIR}/client",
         }
         # From inside the run's network: across engines the host cannot reach it.
         ready = ["python", "-m", "ddp.recovery.etcd.ready", "--timeout", f"{_READY_S:g}"]

@@ -162,7 +162,7 @@ def _add_live_arguments(p: argparse.ArgumentParser) -> None:
         "--count",
         type=common.number(1, kind=int),
         default=None,
-        help=f"--target etcd: how many of its {ETCD_MEMBERS} members to hit (default 1)",
+        help=f"--target etcd: how many of its {ETCD_MEMBERS} members to hit (1 unless given)",
     )
     g.add_argument(
         "--heartbeat-timeout",

@@ -14,8 +14,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 
-from ddp.recovery.etcd.decider import JOB_ENV
-from ddp.torchfree import SECRET_ENV, CommitRecord, TrainConfig, load_attempts
+from ddp.torchfree import JOB_ENV, SECRET_ENV, CommitRecord, TrainConfig, load_attempts
 from lab.engine.client import RunTimeout, connect
 from lab.engine.cluster import Cluster
 from lab.engine.etcd import lab_etcd
