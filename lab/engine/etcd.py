@@ -17,7 +17,7 @@ import secrets
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,8 +29,6 @@ from ddp.torchfree import (
 )
 from lab.engine.client import LabError
 from lab.engine.cluster import Cluster
-from lab.engine.events import Event
-from lab.engine.job import Job
 
 __all__ = ["CLIENT_PORT", "ETCD_DIR", "LabEtcd", "lab_etcd"]
 
@@ -41,11 +39,10 @@ _READY_S = 60.0  # three containers' first leader, on a loaded host
 
 @dataclass(frozen=True)
 class LabEtcd:
-    """The running cluster: which nodes hold a member, the job they run as, and the
-    environment that points a rank or the decider at them."""
+    """The running cluster: which nodes hold a member, and the environment that points a rank
+    or the decider at them."""
 
     nodes: tuple[int, ...]
-    job: Job
     env: dict[str, str]
 
 
@@ -67,7 +64,6 @@ def lab_etcd(
     cluster: Cluster,
     nodes: Sequence[int],
     lifetime_s: float,
-    echo: Callable[[Event], None] | None = None,
 ) -> Iterator[LabEtcd]:
     """Start a member in each of ``nodes`` and wait for its first leader (LabError after
     60 s, with what ``ready`` said). The block's end removes the host's copy of the CA; the
@@ -102,7 +98,8 @@ def lab_etcd(
             )
             for node, name, address in zip(nodes, names, addresses, strict=True)
         }
-        job = cluster.job("etcd", argvs, lifetime_s, per_node=True, echo=echo)
+        # Its output goes to the run's directory (etcd/node<N>.log), not to the console.
+        cluster.job("etcd", argvs, lifetime_s, per_node=True)
         env = {
             ETCD_ENDPOINTS_ENV: ",".join(f"https://{a}:{CLIENT_PORT}" for a in addresses),
             ETCD_CREDENTIALS_ENV: f"{ETCD_DIR}/client",
@@ -112,6 +109,6 @@ def lab_etcd(
         code, out = cluster.exec(nodes[0], ready, env=env)
         if code != 0:
             raise LabError(f"the lab's etcd did not come up (nodes {list(nodes)}): {out.strip()}")
-        yield LabEtcd(tuple(nodes), job, env)
+        yield LabEtcd(tuple(nodes), env)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

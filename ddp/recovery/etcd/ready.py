@@ -26,10 +26,10 @@ def wait_ready(
     credentials: Credentials,
     timeout_s: float,
     check: Callable[[], None] = lambda: None,
-) -> str:
-    """Until a write succeeds; returns the leader's endpoint. ``check`` runs between tries and
-    raises to give up early (a member's process already exited). EtcdUnavailable with the last
-    error after ``timeout_s``."""
+) -> None:
+    """Until a write succeeds. ``check`` runs between tries and raises to give up early (a
+    member's process already exited). EtcdUnavailable with the last error after
+    ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     client = Etcd(credentials, timeout_s=1.0)
     last: Exception | None = None
@@ -37,7 +37,7 @@ def wait_ready(
         check()
         try:
             client.put(HEALTH_KEY, b"1")
-            return client.leader_endpoint()
+            return
         except EtcdError as err:
             last = err
             time.sleep(0.05)
@@ -49,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=30.0, help="seconds at most (default 30)")
     a = p.parse_args(argv)
     try:
-        leader = wait_ready(Credentials.from_env(), a.timeout)
+        credentials = Credentials.from_env()
+        wait_ready(credentials, a.timeout)
+        leader = Etcd(credentials, timeout_s=a.timeout).leader_endpoint()  # for the line only
     except (ValueError, EtcdError) as e:
         print(f"etcd not ready: {e}", file=sys.stderr)
         return 1
