@@ -59,8 +59,8 @@ def _run_local(args: argparse.Namespace, cfg: TrainConfig, argv: list[str]) -> i
 
 def _rendezvous(args: argparse.Namespace, cfg: TrainConfig) -> Rendezvous:
     if cfg.recovery in ("live", "torchft") and args.init_method is None:
-        # Nothing rendezvouses but the quorums, in the control plane: the job's etcd, the
-        # coordinator's store or torchft's lighthouse. The URL only names where that is.
+        # Nothing rendezvouses but the quorums, in the control plane: the job's etcd or
+        # torchft's lighthouse. The URL only names where that is.
         if cfg.coordinator:
             args.init_method = f"tcp://{cfg.coordinator}"
         elif cfg.recovery == "live" and os.environ.get(ENV_ENDPOINTS):

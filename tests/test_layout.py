@@ -7,8 +7,8 @@ Every import counts: at the top, inside a function (a lazy import is still an ar
   not the reverse) nor the docker SDK.
 * ``lab/report`` is the generic page machinery: it imports no experiment (``lab.experiments``);
   each experiment builds its own page from it.
-* ``ddp/recovery``'s protocol (coordinator, quorum, member, liveness, group, heal, the commit
-  vote, ``waiting``) imports nothing from ``ddp.program``: any training loop can use it.
+* ``ddp/recovery``'s protocol (``protocol/``: quorum, member, group, heal, ``waiting``) and its
+  control plane (``etcd/``) import nothing from ``ddp.program``: any training loop can use them.
 * The files of ``ddp/wrapper`` import each other without a circle, so each can be read after
   the ones it builds on.
 """
@@ -20,7 +20,7 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-_PROTOCOL = {"coordinator", "quorum", "member", "liveness", "group", "heal", "protocol", "waiting"}
+_PROTOCOL = {"protocol", "etcd"}  # ddp/recovery/protocol/ and its control plane, ddp/recovery/etcd/
 
 
 def _module_name(path: Path) -> str:

@@ -160,9 +160,9 @@ class TrainConfig:
     )
     coordinator: str | None = _opt(
         None,
-        "HOST:PORT of the live-recovery coordinator (python -m ddp.recovery.protocol.coordinator), "
-        "or with --recovery torchft of torchft's lighthouse (python -m ddp.recovery.demo.torchft."
-        "lighthouse); python -m ddp starts one itself",
+        "--recovery torchft: HOST:PORT of torchft's lighthouse (python -m "
+        "ddp.recovery.demo.torchft.lighthouse); python -m ddp starts one itself. --recovery live "
+        "needs none: its ranks find the job's etcd in the environment",
         "fault",
         metavar="HOST:PORT",
     )

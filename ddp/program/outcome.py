@@ -4,8 +4,9 @@
 rendezvous file, nothing to resume), 3 a peer died, stalled or never joined (the line is the
 diagnosis), 4 an internal error: a bug, whose traceback goes to ``<log_dir>/rank<R>.traceback``
 (or to stderr without a log directory) while the terminal gets one line saying where it is, 5
-the live-recovery coordinator was lost and no successor took over (the run stops rather than
-train on with nobody to notice a fault; a ``PeerFailure`` carries its code as ``exit_code``).
+the live job's control plane stopped answering (its etcd lost a majority of its members: the
+run stops rather than train on with nobody to notice a fault; a ``PeerFailure`` carries its
+code as ``exit_code``).
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@ second, and a rank that (re)joins heals from a healthy peer, with no restart and
 * ``api``: the public side, a ``Manager`` and an optimizer wrapper that any training loop (its
   own model, data and wrapper, ours or torch's DDP) uses in about ten lines;
   ``examples/recovery_loop.py`` is one such loop.
-* ``protocol``: membership, the quorum, liveness, the group per quorum and healing: the
-  protocol itself, free of any training program; ``records``: the typed record of every event;
-  ``failpoints``: the named moments at which a test makes a process die.
+* ``protocol``: the quorum, a member's state, waits that a peer's abort interrupts, the group
+  per quorum and healing: the protocol itself, free of any training program and of etcd;
+  ``records``: the typed record of every event; ``failpoints``: the named moments at which a
+  test makes a process die.
 * ``etcd``: the control plane of live jobs: a client of etcd's JSON gateway, a job's own
   three-member cluster with mutual TLS, a torch ``Store`` over it (gloo's rendezvous), the
   job's sealed keys, the decider role held by a lease and a rank's side (``EtcdMember``).

@@ -39,10 +39,12 @@ What each part does, and why it is shaped so:
   replica's gradient by its share, so the averaged gradient is the global batch's mean whatever
   the world.
 
-The coordinator (``python -m ddp.recovery.protocol.coordinator``) must run first; its address and
-this replica's id come from the arguments or from ``DDP_RECOVERY_COORDINATOR`` and ``RANK``, the
-job's secret from ``DDP_RECOVERY_SECRET`` (or the file ``DDP_RECOVERY_SECRET_FILE`` names),
-the same for the coordinator and every replica.
+The control plane is the job's etcd, where every replica keeps its registration alive on a
+lease and the decider role (``ddp.recovery.etcd.decider``) is held; it and this replica's id
+come from the arguments or from ``DDP_ETCD_ENDPOINTS``, ``DDP_ETCD_CREDENTIALS`` and ``RANK``,
+the job's secret from ``DDP_RECOVERY_SECRET`` (or the file ``DDP_RECOVERY_SECRET_FILE``
+names), the same for the decider and every replica. ``python -m ddp.recovery.harness.launch``
+starts all of it for a script on this host.
 
 No ``from __future__ import annotations`` here: the wrappers compare the comm hook's
 annotations with ``dist.GradBucket`` and ``Future[Tensor]`` objects.
@@ -70,7 +72,7 @@ from ddp.recovery.etcd.member import EtcdMember
 from ddp.recovery.failpoints import failpoint
 from ddp.recovery.protocol.group import build_group, keep_groups_past_exit
 from ddp.recovery.protocol.heal import Heal, flatten, heal, state_digest
-from ddp.recovery.protocol.member import Member, MemberState
+from ddp.recovery.protocol.member import MemberState
 from ddp.recovery.protocol.messages import Quorum
 from ddp.recovery.protocol.waiting import QuorumLost, wait_work
 from ddp.recovery.records import (
@@ -84,8 +86,6 @@ from ddp.recovery.records import (
 __all__ = ["Manager", "ManagerConfig", "Optimizer", "process_start_time"]
 
 log = logging.getLogger("ddp")
-
-COORDINATOR_ENV = "DDP_RECOVERY_COORDINATOR"
 
 
 def process_start_time() -> float:
@@ -102,15 +102,14 @@ def process_start_time() -> float:
 
 @dataclass
 class ManagerConfig:
-    """Where the coordinator is, who this replica is, and how long to wait for whom.
-    ``heartbeat_timeout_s`` is how long a silent member is waited for before the coordinator
+    """Where the job's etcd is, who this replica is, and how long to wait for whom.
+    ``heartbeat_timeout_s`` is how long a silent member is waited for before the decider
     drops it; ``timeout_s`` bounds every collective and every wait for a quorum."""
 
-    coordinator: str | None = None
     replica: int | None = None
-    # The control plane on etcd instead of a coordinator: the cluster (endpoints and the job's
-    # client certificate; default from DDP_ETCD_ENDPOINTS and DDP_ETCD_CREDENTIALS) and the
-    # job's id (default DDP_RECOVERY_JOB, else "job").
+    # The control plane: the job's etcd (endpoints and the job's client certificate; default
+    # from DDP_ETCD_ENDPOINTS and DDP_ETCD_CREDENTIALS) and the job's id (default
+    # DDP_RECOVERY_JOB, else "job").
     etcd: Credentials | None = None
     job: str | None = None
     heartbeat_timeout_s: float = 2.0
@@ -121,22 +120,16 @@ class ManagerConfig:
     commit_digests: bool = False
 
     def __post_init__(self) -> None:
-        self.coordinator = self.coordinator or os.environ.get(COORDINATOR_ENV)
-        if self.etcd is None and not self.coordinator and os.environ.get(ENV_ENDPOINTS):
+        if self.etcd is None:
+            if not os.environ.get(ENV_ENDPOINTS):
+                raise ValueError(
+                    f"no control plane: pass etcd= or set {ENV_ENDPOINTS} and {ENV_CREDENTIALS} "
+                    "to the job's etcd; python -m ddp --recovery live and python -m "
+                    "ddp.recovery.harness.launch SCRIPT (e.g. examples/recovery_loop.py) start "
+                    "one for their processes"
+                )
             self.etcd = Credentials.from_env()
-        if self.etcd is not None:
-            self.job = check_job_id(self.job or os.environ.get(JOB_ENV) or "job")
-        elif not self.coordinator:
-            raise ValueError(
-                f"no control plane: set {ENV_ENDPOINTS} and {ENV_CREDENTIALS} (a job's etcd, "
-                f"as python -m ddp.recovery.harness.launch starts one), or pass "
-                f"coordinator='HOST:PORT' or set {COORDINATOR_ENV} (python -m "
-                "ddp.recovery.protocol.coordinator)"
-            )
-        else:
-            host, _, port = self.coordinator.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"coordinator must be HOST:PORT, got {self.coordinator!r}")
+        self.job = check_job_id(self.job or os.environ.get(JOB_ENV) or "job")
         if self.replica is None:
             if not os.environ.get("RANK", "").isdigit():
                 raise ValueError("no replica id: pass replica=N or set RANK to this process's id")
@@ -289,24 +282,14 @@ class Manager:
         self._step_reduce: _StepAllreduce | None = None
         failpoint("rank.registering")  # the loop's state is built, not registered yet
         cfg = self.config
-        self.member: MemberState
-        if cfg.etcd is not None:
-            self.member = EtcdMember(
-                cfg.etcd,
-                cfg.job,  # type: ignore[arg-type]
-                self.replica,
-                cfg.heartbeat_timeout_s,
-                cfg.timeout_s,
-                self._noticed,
-            )
-        else:
-            self.member = Member(
-                cfg.coordinator,  # type: ignore[arg-type]
-                self.replica,
-                cfg.heartbeat_timeout_s,
-                cfg.timeout_s,
-                self._noticed,
-            )
+        self.member: MemberState = EtcdMember(
+            cfg.etcd,  # type: ignore[arg-type]
+            cfg.job,  # type: ignore[arg-type]
+            self.replica,
+            cfg.heartbeat_timeout_s,
+            cfg.timeout_s,
+            self._noticed,
+        )
 
     # -- what the loop asks ---------------------------------------------------------------
 
@@ -356,7 +339,7 @@ class Manager:
 
     def start_quorum(self) -> None:
         """Before a step: enter a new quorum if the last one failed or ranks joined (healing
-        this replica if it is behind); ``PeerFailure`` if the coordinator stopped the job."""
+        this replica if it is behind); ``PeerFailure`` if the decider stopped the job."""
         while not self._live or self._agreed > self.quorum.id:  # type: ignore[union-attr]
             try:
                 self._enter()
@@ -377,7 +360,7 @@ class Manager:
             if self._error is not None:
                 raise self._error
             self._gather(report, f"commit vote of step {step}")
-        except PeerFailure:  # the coordinator stopped the job, or is lost: the run is over
+        except PeerFailure:  # the decider stopped the job, or etcd is lost: the run is over
             raise
         except RuntimeError as e:
             self._lost(e)
@@ -405,7 +388,7 @@ class Manager:
             return None
 
     def close(self) -> None:
-        """Finished: tell the coordinator (the quorum's end is then no fault), stop this
+        """Finished: tell the decider (the quorum's end is then no fault), stop this
         member's threads and leave the quorums' groups to the process's exit, so that the
         interpreter exits normally (``ddp.recovery.protocol.group.keep_groups_past_exit``)."""
         self.member.done()

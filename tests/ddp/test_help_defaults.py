@@ -23,7 +23,7 @@ MODES = {
     "local": [],
     "local, --recovery live": ["--recovery", "live"],
     "train": ["train"],
-    "train, --recovery live": ["train", "--recovery", "live", "--coordinator", "127.0.0.1:29500"],
+    "train, --recovery live": ["train", "--recovery", "live"],
 }
 _SHOWN = re.compile(r"\(default:? ([^)]+)\)")
 

@@ -166,10 +166,10 @@ def test_figures_and_timeline_from_records():
             ["--recovery", "live", "--wrapper", "torch"],
             "--recovery live cannot run with --wrapper torch",
         ),
-        (["--recovery", "live", "--coordinator", "x:1"], "starts its own coordinator"),
+        (["--recovery", "live", "--coordinator", "x:1"], "--coordinator is torchft's lighthouse"),
         (
             ["train", "--coordinator", "h:1", "--rank", "0", "--world-size", "2"],
-            "--coordinator is for",
+            "--coordinator is torchft's lighthouse",
         ),
     ],
 )

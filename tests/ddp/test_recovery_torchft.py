@@ -67,6 +67,7 @@ def _check_end(records: dict[int, list], ranks: list[int], steps: int) -> None:
     [
         (["--world-size", "1"], "--recovery torchft needs --world-size >= 2, got 1"),
         (["train", "--rank", "0", "--world-size", "3"], "--recovery torchft needs --coordinator"),
+        (["--coordinator", "127.0.0.1:29510"], "python -m ddp starts its own lighthouse"),
         (["--world-size", "3", "--kill-rank", "3", "--kill-at-step", "2"], "must be in 0..2"),
     ],
 )

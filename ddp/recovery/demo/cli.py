@@ -7,8 +7,8 @@ import argparse
 import os
 from typing import Any
 
-from ddp.recovery.etcd.client import ENV_ENDPOINTS
-from ddp.recovery.protocol.messages import SECRET_ENV, job_secret
+from ddp.recovery.etcd.client import ENV_CREDENTIALS, ENV_ENDPOINTS
+from ddp.recovery.protocol.messages import job_secret
 
 __all__ = ["add_fault_arguments", "check_live_run"]
 
@@ -31,7 +31,8 @@ def add_fault_arguments(p: argparse.ArgumentParser) -> None:
         "--kill-coordinator-at-step",
         type=int,
         metavar="S",
-        help="SIGKILL the coordinator once rank 0 committed step S-1 (with --recovery live)",
+        help="SIGKILL the launcher's decider (the process named coordinator; a rank takes "
+        "the role through etcd) once rank 0 committed step S-1 (with --recovery live)",
     )
     g.add_argument(
         "--rejoin",
@@ -40,15 +41,10 @@ def add_fault_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _server(mode: str, world_size: int | None) -> str:
-    """The command that starts what ``--coordinator`` points at."""
-    if mode == "torchft":
-        least = (world_size + 1) // 2 if world_size else "M"
-        return f"python -m ddp.recovery.demo.torchft.lighthouse --port 29510 --min-replicas {least}"
-    return (
-        f"{SECRET_ENV}=... python -m ddp.recovery.protocol.coordinator --port 29500 --world-size "
-        f"{world_size or 'N'}"
-    )
+def _lighthouse(world_size: int | None) -> str:
+    """The command that starts what ``--coordinator`` points at: torchft's lighthouse."""
+    least = (world_size + 1) // 2 if world_size else "M"
+    return f"python -m ddp.recovery.demo.torchft.lighthouse --port 29510 --min-replicas {least}"
 
 
 def check_live_run(
@@ -72,23 +68,25 @@ def check_live_run(
 
         require_torchft()
     etcd = mode == "live" and bool(os.environ.get(ENV_ENDPOINTS))  # a launcher's job etcd
-    if one_rank and not cfg.coordinator and not etcd:
-        plane = (
-            f"a control plane: the job's etcd in {ENV_ENDPOINTS} (python -m ddp --recovery live "
-            "starts one), or --coordinator HOST:PORT started with "
-            if mode == "live"
-            else "--coordinator HOST:PORT: start one first with "
+    if one_rank and mode == "live" and not etcd:
+        raise ValueError(
+            f"--recovery live needs a control plane: the job's etcd in {ENV_ENDPOINTS} and "
+            f"{ENV_CREDENTIALS} (python -m ddp --recovery live starts one for its ranks)"
         )
-        raise ValueError(f"--recovery {mode} needs {plane}" + _server(mode, world_size))
+    if one_rank and mode == "torchft" and not cfg.coordinator:
+        raise ValueError(
+            "--recovery torchft needs --coordinator HOST:PORT, torchft's lighthouse: start one "
+            "first with " + _lighthouse(world_size)
+        )
     if world_size is not None and world_size < 2:
         raise ValueError(
             f"--recovery {mode} needs --world-size >= 2, got {world_size}: with one rank there "
             "is nobody to go on without it"
         )
     if not one_rank and cfg.coordinator:
-        raise ValueError("python -m ddp starts its own coordinator: drop --coordinator")
+        raise ValueError("python -m ddp starts its own lighthouse: drop --coordinator")
     if one_rank and mode == "live":
-        job_secret()  # the coordinator's secret, in this rank's environment (ValueError: none)
+        job_secret()  # the job's secret, in this rank's environment (ValueError: none)
     at = getattr(args, "kill_coordinator_at_step", None)
     if at is not None:
         if mode != "live" or one_rank:

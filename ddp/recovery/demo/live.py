@@ -36,7 +36,6 @@ def train_live(cfg: TrainConfig, replica: int, jlog: RecordLog, started_t: float
         run.state_dict,
         run.load_state_dict,
         record=record,
-        coordinator=cfg.coordinator,
         replica=replica,
         heartbeat_timeout_s=cfg.heartbeat_timeout_s,
         timeout_s=cfg.collective_timeout_s,

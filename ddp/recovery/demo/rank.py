@@ -17,7 +17,7 @@ __all__ = ["exit_now", "run_live_rank"]
 
 
 def run_live_rank(cfg: TrainConfig, rdzv: Rendezvous) -> bool:
-    """Train replica ``rdzv.rank`` with the coordinator at ``cfg.coordinator``; the live
+    """Train replica ``rdzv.rank`` on the job's etcd (named by the environment); the live
     verdict (every step committed once, replicas identical after each)."""
     from ddp.recovery.api import process_start_time  # torch, only once a rank really runs
     from ddp.recovery.demo.live import train_live

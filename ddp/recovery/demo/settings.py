@@ -17,10 +17,10 @@ __all__ = ["check_live", "parse_address"]
 
 
 def parse_address(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` of the coordinator, or ValueError saying what is wrong."""
+    """``HOST:PORT`` of torchft's lighthouse, or ValueError saying what is wrong."""
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--coordinator must be HOST:PORT (e.g. 127.0.0.1:29500), got {text!r}")
+        raise ValueError(f"--coordinator must be HOST:PORT (e.g. 127.0.0.1:29510), got {text!r}")
     return host, int(port)
 
 
@@ -28,11 +28,12 @@ def check_live(cfg: Any) -> None:
     """Raise ValueError naming the flag when ``cfg`` cannot run with ``--recovery live``."""
     if cfg.recovery not in ("restart", "live", "torchft"):
         raise ValueError(f"--recovery must be one of restart, live, torchft, got {cfg.recovery!r}")
-    if cfg.recovery == "restart":
-        raise ValueError(
-            "--coordinator is for --recovery live or torchft: add one, or drop --coordinator"
-        )
     if cfg.coordinator is not None:
+        if cfg.recovery != "torchft":
+            raise ValueError(
+                "--coordinator is torchft's lighthouse, for --recovery torchft (--recovery live "
+                "finds its etcd in the environment): drop --coordinator"
+            )
         parse_address(cfg.coordinator)
     if not cfg.heartbeat_timeout_s > 0:
         raise ValueError(f"--heartbeat-timeout must be > 0, got {cfg.heartbeat_timeout_s!r}")

@@ -18,7 +18,7 @@ its replacement). The rules:
 * **Identical at the end, parity judged.** Every process that finished wrote the same final
   digest, and a verdict that holds; at least one verdict judged parity on some steps.
 * **Exits.** A process the fault killed died of SIGKILL. The run survived: every other process
-  exited 0. The run stopped (by design: too few left, the coordinator lost): every other
+  exited 0. The run stopped (by design: too few left, the job's etcd lost): every other
   process exited with the same code of ``stop_codes``, wrote its one-line diagnosis as a
   failure record, and no verdict says "holds".
 """

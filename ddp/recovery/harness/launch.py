@@ -1,16 +1,17 @@
 """``python -m ddp.recovery.harness.launch``: any training script on ``ddp.recovery.api``, run
-locally as a live job with a fault injected: a coordinator, one process per replica, and the
-same timeline and figures as ``python -m ddp --recovery live`` prints, from the replicas'
-typed records.
+locally as a live job with a fault injected: the job's etcd and decider, one process per
+replica, and the same timeline and figures as ``python -m ddp --recovery live`` prints, from
+the replicas' typed records.
 
     python -m ddp.recovery.harness.launch --world-size 3 --kill-rank 1 --kill-at-step 6 --rejoin \\
         examples/recovery_loop.py --steps 200 --compute-ms 40
 
-Each replica runs ``python SCRIPT ARGS... --records FILE`` with ``RANK``,
-``DDP_RECOVERY_COORDINATOR`` and ``DDP_RECOVERY_SECRET`` in its environment; the script hands
-``--records`` to its ``Manager`` (``record=``), one JSON record a line (the example does). The
-kill lands once the victim committed step S-1; the replacement starts once a step was committed
-without it. Exit 0 if every replica that was not killed exited 0.
+Each replica runs ``python SCRIPT ARGS... --records FILE`` with ``RANK``, the job's etcd
+(``DDP_ETCD_ENDPOINTS``, ``DDP_ETCD_CREDENTIALS``) and ``DDP_RECOVERY_SECRET`` in its
+environment; the script hands ``--records`` to its ``Manager`` (``record=``), one JSON record
+a line (the example does). The kill lands once the victim committed step S-1; the replacement
+starts once a step was committed without it. Exit 0 if every replica that was not killed
+exited 0.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ddp.program.records import Record, load_attempts, log_name, parse_record_line
-from ddp.recovery.api import COORDINATOR_ENV
 from ddp.recovery.demo.timeline import figures, figures_line, timeline
 from ddp.recovery.etcd.cluster import EmbeddedEtcd
 from ddp.recovery.etcd.decider import JOB_ENV
@@ -58,8 +58,7 @@ def local_job(
             JOB_ENV: f"job-{token[:8]}",
             "GLOO_SOCKET_IFNAME": "lo",
         }
-        for name in (SECRET_FILE_ENV, COORDINATOR_ENV):
-            env.pop(name, None)
+        env.pop(SECRET_FILE_ENV, None)
         argv = ["-m", "ddp.recovery.etcd.decider", "--world-size", str(world_size)]
         yield env, [*argv, "--heartbeat-timeout", f"{heartbeat_timeout_s:g}"]
 

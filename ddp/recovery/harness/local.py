@@ -1,10 +1,11 @@
 """``python -m ddp --recovery live``: a live job on this host, as the lab runs one in
-containers. A coordinator process, then one ``python -m ddp train --recovery live`` process per
-rank; with ``--kill-rank R --kill-at-step S`` rank R is SIGKILLed once it committed step S-1
-(so the kill lands in step S), and with ``--rejoin`` a replacement for it starts once the
-survivors committed a step without it. The ranks' typed records (``@ddp`` lines) drive the
-fault injection and the timeline printed at the end; group rank 0's table and the
-coordinator's lines are passed through as they come.
+containers. The job's etcd on loopback and the launcher's decider (the process named
+``coordinator``), then one ``python -m ddp train --recovery live`` process per rank; with
+``--kill-rank R --kill-at-step S`` rank R is SIGKILLed once it committed step S-1 (so the kill
+lands in step S), and with ``--rejoin`` a replacement for it starts once the survivors
+committed a step without it. The ranks' typed records (``@ddp`` lines) drive the fault
+injection and the timeline printed at the end; group rank 0's table and the decider's lines
+are passed through as they come.
 
 Exit 0 only if every rank that was not killed exited 0 (its live verdict held) and all of
 them ended with bitwise-identical parameters.
@@ -235,7 +236,7 @@ def _report(
     )
     exits = ", ".join(f"rank {n} {c}" for n, c in sorted(survivors.items()))
     if any(c == 5 for c in survivors.values()):  # no verdict can hold: nothing guarded the run
-        print(f"live recovery stopped: the coordinator was lost (exit codes: {exits})")
+        print(f"live recovery stopped: the job's etcd was lost (exit codes: {exits})")
         return 5
     print(f"{message}; {same} (exit codes: {exits})")
     return 0 if ok else (3 if any(c == 3 for c in survivors.values()) else 1)

@@ -1,12 +1,12 @@
-"""A fresh gloo group per quorum, under the store prefix of its id.
+"""A fresh gloo group per quorum, on a store of its own.
 
-Every member of quorum ``q`` builds ``ProcessGroupGloo`` on ``PrefixStore("rec/pg/q/")``:
-the addresses it exchanges cannot mix with an older group's. Building connects every pair, so
-it waits for every member; it runs on a thread of its own, waited on like a collective
-(``build_group``), so that a member that died before connecting, or that moved on to a newer
-quorum (ranks joined while this one was being built), cannot hold the others. Each
-build uses its own store connection: one left waiting inside gloo must not hold the store for
-the rest of this rank.
+Every member of quorum ``q`` builds ``ProcessGroupGloo`` on ``member.group_store(q)`` (an
+``EtcdStore`` under the job's keys of quorum ``q``): the addresses it exchanges cannot mix with
+an older group's. Building connects every pair, so it waits for every member; it runs on a
+thread of its own, waited on like a collective (``build_group``), so that a member that died
+before connecting, or that moved on to a newer quorum (ranks joined while this one was being
+built), cannot hold the others. That thread's etcd connections are its own (the client keeps
+one per thread): a build left waiting inside gloo holds none of this rank's other calls.
 
 Old groups are kept, never destroyed: destroying a gloo group joins its threads, and a thread
 inside an abandoned collective only returns at gloo's timeout. The demo program ends with

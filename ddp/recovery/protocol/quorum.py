@@ -1,4 +1,4 @@
-"""The coordinator's decision, as a pure function: who trains the next step.
+"""The decider's decision, as a pure function: who trains the next step.
 
 * Fast path: the quorum stands (nobody lost, nobody waiting to join): ``None``, nothing changes
   and the ranks keep their group. This is every step of a run without faults.
