@@ -183,6 +183,53 @@ def test_one_member_lost_is_survived_and_two_lost_stop_with_unavailable():
         assert time.monotonic() - started < 4 + 1
 
 
+def test_a_silent_member_is_stepped_around_and_its_watches_end():
+    """A member that stops answering without closing anything (SIGSTOP here; in the lab a
+    killed container, whose address answers nothing) costs a client one attempt, not one per
+    call: the next calls, from any thread, start at a member that answers; and a watch
+    streaming from the silent member ends, to be opened again elsewhere, instead of staying
+    silent for ever (its owner would never hear of an abort)."""
+    with EmbeddedEtcd() as cluster:
+        client = Etcd(cluster.credentials, timeout_s=2)
+        lease, _ = client.lease_grant(5)
+        silent = next(i for i in range(3) if i != cluster.leader())
+        client._preferred = silent
+        client.get("/silent/k")  # a kept-alive connection to it, as a running member has
+        watch = client.watch("/silent/k")
+        assert watch.endpoint == silent
+        tried: list[int] = []
+        once = client._once
+
+        def spy(index, *args):
+            tried.append(index)
+            return once(index, *args)
+
+        client._once = spy
+        member = psutil.Process(cluster.pids()[silent])
+        member.suspend()
+        try:
+            assert client.lease_keepalive(lease) > 0
+            assert tried[0] == silent and tried[-1] != silent and len(tried) == 2
+            with pytest.raises(EtcdUnavailable, match="stopped answering"):
+                watch.next(1)
+            tried.clear()
+            threads = [
+                threading.Thread(target=client.lease_keepalive, args=(lease,)) for _ in range(4)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=10)
+            assert len(tried) == 4 and silent not in tried
+            with client.watch("/silent/k") as again:
+                client.put("/silent/k", "v")
+                event = again.next(5)
+                assert again.endpoint != silent and event is not None and event.kv.value == b"v"
+        finally:
+            member.resume()
+            watch.close()
+
+
 _HOLDER = """
 import sys, time
 from ddp.recovery.etcd.cluster import EmbeddedEtcd

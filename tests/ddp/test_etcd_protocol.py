@@ -139,6 +139,26 @@ def test_a_member_whose_lease_lapses_is_dropped_and_the_rest_go_on(cluster):
     assert d.quorum.members == ("0.1", "1.1") and d.quorum.lost == ("2.1",)
 
 
+def test_a_member_that_checked_in_and_then_lapsed_is_left_out(cluster):
+    """Seen in the lab with one etcd member killed: a rank checked in after an abort, then
+    its lease lapsed; the next quorum took it in (it had checked in), was aborted at once for
+    its lapsed lease, and was formed again with it, for ever. It must be left out instead, so
+    that it registers again and is healed as a new member."""
+    job = _Job(cluster, "late-lapse")
+    for uid in ("0.1", "1.1", "2.1"):
+        job.register(uid)
+    d = job.decider("d")
+    assert d.campaign()
+    _until(d, lambda: d.quorum is not None)
+    job.abort(1, "a peer closed the connection")
+    _until(d, lambda: d.aborted_at is not None)
+    for uid in ("0.1", "1.1", "2.1"):
+        job.check_in(1, uid)
+    job.die("1.1")
+    _until(d, lambda: d.quorum.id == 2)
+    assert d.quorum.members == ("0.1", "2.1") and d.quorum.lost == ("1.1",)
+
+
 def test_fewer_than_half_left_is_refused_once_and_for_all(cluster):
     job = _Job(cluster, "few")
     for uid in ("0.1", "1.1", "2.1"):

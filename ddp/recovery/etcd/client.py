@@ -14,10 +14,12 @@ apply twice to its caller.
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import json
 import os
 import queue
+import socket
 import ssl
 import threading
 import time
@@ -218,6 +220,11 @@ class _Refused(Exception):
     sent, or etcd said it had no leader): the next endpoint may."""
 
 
+# A TLS connection on loopback or a LAN is up in milliseconds; a member whose host vanished
+# (a killed container's address answers nothing) would hold a connect for the whole attempt.
+_CONNECT_S = 0.5
+
+
 @dataclass
 class Etcd:
     """A client of one etcd cluster. Thread-safe: each thread keeps its own connections."""
@@ -227,6 +234,8 @@ class Etcd:
     _context: ssl.SSLContext = field(init=False, repr=False)
     _local: threading.local = field(init=False, repr=False, default_factory=threading.local)
     _preferred: int = field(init=False, default=0)
+    _watches: set[Watch] = field(init=False, repr=False, default_factory=set)
+    _watches_lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
@@ -258,7 +267,10 @@ class Etcd:
         fresh = conn.sock is None
         try:
             if fresh:
+                conn.timeout = min(timeout_s, _CONNECT_S)
                 conn.connect()
+                assert conn.sock is not None
+                conn.sock.settimeout(timeout_s)
         except (ConnectionError, OSError) as err:
             self._drop(index)
             raise _Refused(str(err)) from err
@@ -296,22 +308,26 @@ class Etcd:
         # one attempt gets a share of the deadline so the next endpoint still has time.
         per_attempt = max(1.0, self.timeout_s / count)
         last = "no endpoint tried"
-        attempt = 0
+        # The order is fixed for the whole call: other threads move ``_preferred`` meanwhile,
+        # and reading it afresh on every attempt could lead back to the same dead member.
+        start, attempt = self._preferred, 0
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise EtcdUnavailable(
                     f"etcd {path}: no endpoint answered within {self.timeout_s:g} s ({last})"
                 )
-            index = (self._preferred + attempt) % count
+            index = (start + attempt) % count
             try:
                 answer = self._once(index, path, body, min(remaining, per_attempt))
                 self._preferred = index
                 return answer
             except _Refused as err:
                 last = f"{self.credentials.endpoints[index]}: {err}"
+                self._failed(index)
             except (OSError, http.client.HTTPException, EtcdUnavailable) as err:
                 last = f"{self.credentials.endpoints[index]}: {err}"
+                self._failed(index)
                 if not idempotent:
                     raise EtcdUnavailable(
                         f"etcd {path}: {last}; the write may or may not have applied"
@@ -319,6 +335,17 @@ class Etcd:
             attempt += 1
             if attempt % count == 0:
                 time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def _failed(self, index: int) -> None:
+        """Endpoint ``index`` did not answer: every thread's next call starts at the one after
+        it, and the watches streaming from it end, so their owners open them again on a member
+        that answers (a stream from a vanished host would stay silent, not fail)."""
+        if self._preferred == index:
+            self._preferred = (index + 1) % len(self.credentials.endpoints)
+        with self._watches_lock:
+            condemned = [w for w in self._watches if w.endpoint == index]
+        for watch in condemned:
+            watch.fail(f"its member {self.credentials.endpoints[index]} stopped answering")
 
     # --- keys --------------------------------------------------------------------------------
     def get(self, key: bytes | str) -> KV | None:
@@ -429,23 +456,32 @@ class Watch:
     saw (etcd keeps the history, so nothing is lost)."""
 
     def __init__(self, client: Etcd, body: dict[str, Any]) -> None:
+        self._client = client
         self._events: queue.Queue[Event | BaseException] = queue.Queue()
         self._closed = threading.Event()
         self._conn: http.client.HTTPSConnection | None = None
         self._response: http.client.HTTPResponse | None = None
-        self._open(client, body)
+        self.endpoint = self._open(client, body)
+        with client._watches_lock:
+            client._watches.add(self)
         self._reader = threading.Thread(target=self._read, name="etcd-watch", daemon=True)
         self._reader.start()
 
-    def _open(self, client: Etcd, body: dict[str, Any]) -> None:
+    def _open(self, client: Etcd, body: dict[str, Any]) -> int:
+        """The index of the endpoint that took the watch."""
         endpoints = client.credentials.endpoints
         last: Exception | None = None
+        start = client._preferred
         for offset in range(len(endpoints)):
-            url = urlsplit(endpoints[(client._preferred + offset) % len(endpoints)])
+            index = (start + offset) % len(endpoints)
+            url = urlsplit(endpoints[index])
             conn = http.client.HTTPSConnection(
-                url.hostname, url.port, timeout=client.timeout_s, context=client._context
+                url.hostname, url.port, timeout=_CONNECT_S, context=client._context
             )
             try:
+                conn.connect()
+                assert conn.sock is not None
+                conn.sock.settimeout(client.timeout_s)
                 conn.request("POST", "/v3/watch", json.dumps(body))
                 response = conn.getresponse()
                 if response.status != 200:
@@ -456,11 +492,12 @@ class Watch:
             except (OSError, http.client.HTTPException, ValueError, EtcdError) as err:
                 conn.close()
                 last = err
+                client._failed(index)
                 continue
             assert conn.sock is not None
-            conn.sock.settimeout(None)  # the reader blocks; close() ends it
+            conn.sock.settimeout(None)  # the reader blocks; close() or fail() ends it
             self._conn, self._response = conn, response
-            return
+            return index
         raise EtcdUnavailable(f"no etcd endpoint took a watch ({last})")
 
     def _read(self) -> None:
@@ -495,14 +532,22 @@ class Watch:
             raise item
         return item
 
+    def fail(self, why: str) -> None:
+        """End the stream: ``next`` raises ``EtcdUnavailable`` after the events already read."""
+        self._events.put(EtcdUnavailable(f"the etcd watch stream ended: {why}"))
+        self._shut()
+
+    def _shut(self) -> None:
+        with self._client._watches_lock:
+            self._client._watches.discard(self)
+        if self._conn is not None and self._conn.sock is not None:
+            with contextlib.suppress(OSError):
+                self._conn.sock.shutdown(socket.SHUT_RDWR)
+
     def close(self) -> None:
         self._closed.set()
+        self._shut()
         if self._conn is not None:
-            try:
-                if self._conn.sock is not None:
-                    self._conn.sock.shutdown(2)
-            except OSError:
-                pass
             self._conn.close()
         self._reader.join(timeout=2)
 

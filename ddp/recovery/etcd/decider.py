@@ -194,7 +194,10 @@ class Decider:
         checked = self._uids(state["ready"]) & set(q.members)
         members = [u for u in q.members if u not in lost]
         if window_closed(members, checked, now - self.aborted_at, self.window_s):
-            survivors = [u for u in q.members if u in checked]
+            # A member that checked in and then lost its lease is no survivor: a quorum with it
+            # would be aborted for its lapsed lease at once, and formed again, for ever. Left
+            # out, it registers again and is healed as a new member.
+            survivors = [u for u in members if u in checked]
             self._publish(decide(q, expected=0, joiners=waiting, survivors=survivors), survivors)
 
     def _notice(self, q: int, raw: bytes) -> dict:

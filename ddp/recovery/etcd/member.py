@@ -226,20 +226,28 @@ class EtcdMember(MemberState):
         deadline = time.monotonic() + self.timeout_s
         while True:
             self.stop_if_lost()
+            # A read fails over between members (EtcdUnavailable only when none answers); a
+            # watch whose member went silent ends, and the loop reads and watches again.
             kv, revision = self.client.get_with_revision(self.keys.quorum(q))
             if kv is not None:
                 quorum = self._quorum_at(q)
                 assert quorum is not None
                 return quorum
-            with self.client.watch(self.keys.quorum(q), revision + 1) as w:
-                while w.next(min(0.25, max(0.0, deadline - time.monotonic()))) is None:
-                    self.stop_if_lost()
-                    if time.monotonic() > deadline:
-                        raise PeerFailure(
-                            f"diagnosis: no quorum {q} was formed within {self.timeout_s:g} s "
-                            f"(the job's etcd at {self.address})",
-                            [],
-                        )
+            try:
+                with self.client.watch(self.keys.quorum(q), revision + 1) as w:
+                    while w.next(min(0.25, max(0.0, deadline - time.monotonic()))) is None:
+                        self.stop_if_lost()
+                        self._check_deadline(q, deadline)
+            except EtcdUnavailable:
+                self._check_deadline(q, deadline)
+
+    def _check_deadline(self, q: int, deadline: float) -> None:
+        if time.monotonic() > deadline:
+            raise PeerFailure(
+                f"diagnosis: no quorum {q} was formed within {self.timeout_s:g} s "
+                f"(the job's etcd at {self.address})",
+                [],
+            )
 
     def next_quorum(self) -> Quorum:
         """The newest quorum after ``qid`` (waiting for one); ``PeerFailure`` if none was

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from ddp.recovery.etcd.client import (
     Etcd,
+    EtcdUnavailable,
     create_revision_equals,
     mod_revision_equals,
     put_op,
@@ -136,17 +137,20 @@ class EtcdStore(dist.Store):
             self._wait_one(self._key(key), deadline, limit)
 
     def _wait_one(self, full: bytes, deadline: float, limit: float) -> None:
-        kv, revision = self._client.get_with_revision(full)
-        if kv is not None:
-            return
-        with self._client.watch(full, start_revision=revision + 1) as watch:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise dist.DistStoreError(
-                        f"EtcdStore: key {full.decode(errors='replace')!r} was not set within "
-                        f"{limit:g} s"
-                    )
-                event = watch.next(remaining)
-                if event is not None and event.type == "PUT":
-                    return
+        while True:
+            kv, revision = self._client.get_with_revision(full)
+            if kv is not None:
+                return
+            try:
+                with self._client.watch(full, start_revision=revision + 1) as watch:
+                    while (remaining := deadline - time.monotonic()) > 0:
+                        event = watch.next(remaining)
+                        if event is not None and event.type == "PUT":
+                            return
+            except EtcdUnavailable:
+                pass  # its member is gone: read again (on one that answers) and watch on
+            if time.monotonic() >= deadline:
+                raise dist.DistStoreError(
+                    f"EtcdStore: key {full.decode(errors='replace')!r} was not set within "
+                    f"{limit:g} s"
+                )
