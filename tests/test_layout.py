@@ -11,6 +11,9 @@ Every import counts: at the top, inside a function (a lazy import is still an ar
   control plane (``etcd/``) import nothing from ``ddp.program``: any training loop can use them.
 * The files of ``ddp/wrapper`` import each other without a circle, so each can be read after
   the ones it builds on.
+* ``lab kill`` is a package of one module per path (restart, torchrun, live), what they share
+  and the command; the paths and the shared module never import the command, which imports
+  them.
 """
 
 from __future__ import annotations
@@ -84,6 +87,18 @@ def test_recovery_protocol_imports_no_program():
     assert protocol, "no module of the recovery protocol found: update _PROTOCOL"
     found = _reaching(protocol, "ddp.program")
     assert not found, "the recovery protocol must not import ddp.program:\n" + "\n".join(found)
+
+
+def test_kill_is_one_module_per_path():
+    kill = ROOT / "lab" / "experiments" / "kill"
+    names = sorted(p.relative_to(kill).as_posix() for p in kill.rglob("*.py"))
+    assert names == ["__init__.py", "live.py", "restart.py", "shared.py", "torchrun.py"], (
+        "lab/experiments/kill/ holds a module per path, the shared one and the command: "
+        f"found {names}"
+    )
+    below = [p for p in kill.glob("*.py") if p.name != "__init__.py"]
+    found = [f"{p.relative_to(ROOT)}" for p in below if "lab.experiments.kill" in _imports(p)]
+    assert not found, "a path of lab kill imports the command:\n" + "\n".join(found)
 
 
 def _circles(paths: list[Path]) -> list[list[str]]:

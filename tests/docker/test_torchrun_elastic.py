@@ -19,7 +19,7 @@ from lab.engine.events import RecordEvent
 from lab.engine.layout import Layout
 from lab.engine.specs import job_dir
 from lab.engine.training import Torchrun
-from lab.experiments.kill.torchrun.restarts import restart_timeline
+from lab.experiments.kill.torchrun import restart_timeline
 
 pytestmark = pytest.mark.docker
 # 300 ms per step so the fault lands mid-step; a restarted worker resumes by itself

@@ -17,7 +17,7 @@ from lab.engine.events import RecordEvent
 from lab.engine.layout import Layout
 from lab.engine.specs import LABEL, job_dir
 from lab.engine.training import Torchrun
-from lab.experiments.kill.torchrun.restarts import (
+from lab.experiments.kill.torchrun import (
     PS_ARGV,
     compare_final,
     restart_timeline,

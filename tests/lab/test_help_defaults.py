@@ -103,7 +103,7 @@ def _same(key: tuple[str, str], shown: str, used: object) -> bool:
 @pytest.mark.parametrize(("name", "argv", "path"), CASES)
 def test_every_help_default_is_the_value_a_run_uses(name, argv, path, monkeypatch):
     if path == "live":  # the image check needs an engine; this run asks for no torchft
-        monkeypatch.setattr("lab.experiments.kill.live.options.require_torchft", lambda i: None)
+        monkeypatch.setattr("lab.experiments.kill.live.require_torchft", lambda i: None)
     top, subparsers = build_parser()
     args = top.parse_args([name, *argv])
     plan = commands()[name].plan(args)

@@ -21,17 +21,19 @@ from ddp.torchfree import (
 )
 from lab.cli import build_parser
 from lab.experiments import kill
-from lab.experiments.kill.live.analysis import (
+from lab.experiments.kill.live import (
+    LIVE_TRAIN,
+    LivePlan,
+    LiveResult,
+    Moment,
     analyse,
     judge,
+    lines,
     live_row,
     restart_row,
     step_period_ms,
 )
-from lab.experiments.kill.live.plan import LIVE_TRAIN, LivePlan
-from lab.experiments.kill.live.result import LiveResult, Moment
-from lab.experiments.kill.live.text import lines
-from lab.experiments.kill.restart.result import Injection, KillResult
+from lab.experiments.kill.restart import Injection, KillResult
 from tests.helpers import cli_error
 
 T = 1000.0  # the fault's wall clock

@@ -7,7 +7,7 @@ from ddp.program.records import ConfigRecord, StepRecord
 from lab.cli import build_parser, main
 from lab.engine.events import LineEvent, RecordEvent
 from lab.experiments.kill import plan as plan_of
-from lab.experiments.kill.restart.plan import DEFAULT_TRAIN, KillPlan, default_run_timeout
+from lab.experiments.kill.restart import DEFAULT_TRAIN, KillPlan, default_run_timeout
 from tests.helpers import cli_error
 
 _VALID = ["kill", "--rank", "2", "--at-step", "5", "--mode", "pause"]

@@ -1,7 +1,7 @@
 """lab kill --recover's bitwise comparison, from logs written by ddp's own record writer."""
 
 from ddp.program.records import ConfigRecord, EndRecord, RecordLog, StepRecord, load_run
-from lab.experiments.kill.restart.recovery import IDENTICAL, compare_runs
+from lab.experiments.kill.restart import IDENTICAL, compare_runs
 
 
 def _write(log_dir, rank, start_step, sha, parity=True, end=True, torn=False):

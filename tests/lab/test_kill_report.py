@@ -9,11 +9,16 @@ import pytest
 from ddp.flight.dumps import load_dumps
 from ddp.flight.recorder import FlightRecorder
 from ddp.program.records import FailureRecord
+from ddp.torchfree import error_meaning
 from lab.engine.events import ExitEvent
-from lab.experiments.kill.restart.analysis import build_report
-from lab.experiments.kill.restart.plan import DEFAULT_TRAIN, KillPlan
-from lab.experiments.kill.restart.result import Injection, PhaseOutcome
-from lab.experiments.kill.words import error_meaning, table, tidy_line
+from lab.experiments.kill.restart import (
+    DEFAULT_TRAIN,
+    Injection,
+    KillPlan,
+    PhaseOutcome,
+    build_report,
+)
+from lab.experiments.kill.shared import table, tidy_line
 
 _GLOO_CLOSED = (
     "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "

@@ -13,10 +13,8 @@ from lab.cli import build_parser
 from lab.engine.build import requirements
 from lab.engine.client import LabError
 from lab.experiments import kill
-from lab.experiments.kill.live import options
-from lab.experiments.kill.live.analysis import analyse, judge, live_row
-from lab.experiments.kill.live.plan import LIVE_TRAIN, LivePlan
-from lab.experiments.kill.live.text import lines
+from lab.experiments.kill import live
+from lab.experiments.kill.live import LIVE_TRAIN, LivePlan, analyse, judge, lines, live_row
 from lab.tools import image
 from tests.helpers import cli_error
 from tests.lab.test_kill_live import _restart, _result
@@ -29,7 +27,7 @@ def _args(argv: str):
 
 def test_the_torchft_plan_is_the_same_job_with_the_lighthouse_on_node_n(monkeypatch):
     checked = []
-    monkeypatch.setattr(options, "require_torchft", checked.append)
+    monkeypatch.setattr(live, "require_torchft", checked.append)
     p = kill.plan(
         _args(
             "--recovery live --mode kill --rank 2 --at-step 6 --rejoin "

@@ -8,8 +8,8 @@ from ddp.program.records import ConfigRecord, StepRecord
 from lab.cli import build_parser
 from lab.engine.events import LineEvent, RecordEvent
 from lab.experiments.kill import plan as plan_of
-from lab.experiments.kill.restart.plan import KillPlan
-from lab.experiments.kill.torchrun.plan import TorchrunKillPlan
+from lab.experiments.kill.restart import KillPlan
+from lab.experiments.kill.torchrun import TorchrunKillPlan
 from tests.helpers import cli_error
 
 _LAYOUT = ["--launcher", "torchrun", "--nodes", "2", "--procs-per-node", "2"]

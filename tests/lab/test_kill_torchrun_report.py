@@ -8,10 +8,15 @@ from pathlib import Path
 from ddp.program.records import ConfigRecord, EndRecord, RankLog, StepRecord, VerdictRecord
 from lab.engine.events import ExitEvent, LineEvent, RecordEvent
 from lab.experiments.kill import report
-from lab.experiments.kill.torchrun.analysis import TorchrunSummary, judge
-from lab.experiments.kill.torchrun.outputs import write_files
-from lab.experiments.kill.torchrun.plan import TorchrunKillPlan
-from lab.experiments.kill.torchrun.result import JobOutcome, TorchrunKillResult, WorkerKill
+from lab.experiments.kill.torchrun import (
+    JobOutcome,
+    TorchrunKillPlan,
+    TorchrunKillResult,
+    TorchrunSummary,
+    WorkerKill,
+    judge,
+    write_files,
+)
 
 SHA = "8c" * 32
 T = 1000.0  # the kill

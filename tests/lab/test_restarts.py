@@ -11,7 +11,7 @@ from ddp.program.records import (
     load_run,
 )
 from lab.engine.events import ExitEvent, LineEvent, RecordEvent
-from lab.experiments.kill.torchrun.restarts import compare_final, restart_timeline, worker_pids
+from lab.experiments.kill.torchrun import compare_final, restart_timeline, worker_pids
 
 PS = """\
     1 sleep 900

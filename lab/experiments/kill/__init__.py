@@ -1,11 +1,11 @@
 """``python -m lab kill``: hit one rank of a run mid-step, report who noticed what, recover.
 
-Three paths, sibling packages of one shape (plan, run, analysis, then files, text and page from
-the analysis's summary): :mod:`.restart` (the survivors exit with a diagnosis; ``--recover``
-restarts every rank from a checkpoint), :mod:`.torchrun` (``--launcher torchrun``: the agent
-restarts the worker group) and :mod:`.live` (``--recovery live|torchft``: the survivors go on
-in a new quorum). This module parses the flags, fills in the chosen path's defaults where a
-flag was not given, and hands the plan to that path."""
+Three paths, one module each, read top to bottom from the plan to the report:
+:mod:`.restart` (the survivors exit with a diagnosis; ``--recover`` restarts every rank from
+a checkpoint), :mod:`.torchrun` (``--launcher torchrun``: the agent restarts the worker group)
+and :mod:`.live` (``--recovery live|torchft``: the survivors go on in a new quorum); what they
+share is :mod:`.shared`. This module parses the flags, fills in the chosen path's defaults
+where a flag was not given, and hands the plan to that path."""
 
 from __future__ import annotations
 
@@ -18,10 +18,15 @@ from ddp.torchfree import TrainConfig, add_train_arguments, flag_of
 from lab import args as common
 from lab.engine.placement import current
 from lab.experiments.kill import live, restart, torchrun
-from lab.experiments.kill.live import LivePlan, LiveResult, options
-from lab.experiments.kill.live.plan import COORDINATOR_LOST, ETCD_MEMBERS, LIVE_TRAIN, TARGETS
-from lab.experiments.kill.restart import KillPlan, KillResult
-from lab.experiments.kill.restart.plan import DEFAULT_TRAIN, RUN_TIMEOUT_HELP
+from lab.experiments.kill.live import (
+    COORDINATOR_LOST,
+    ETCD_MEMBERS,
+    LIVE_TRAIN,
+    TARGETS,
+    LivePlan,
+    LiveResult,
+)
+from lab.experiments.kill.restart import DEFAULT_TRAIN, RUN_TIMEOUT_HELP, KillPlan, KillResult
 from lab.experiments.kill.torchrun import TorchrunKillPlan, TorchrunKillResult
 from lab.experiments.up import LAUNCHERS
 from lab.faults import FAULTS
@@ -252,7 +257,7 @@ def _live_plan(args: argparse.Namespace) -> LivePlan:
     train = TRAIN_DEFAULTS["live"].replace(**_given(args, names), recovery=args.recovery)
     if args.heartbeat_timeout is not None:
         train = train.replace(heartbeat_timeout_s=args.heartbeat_timeout)
-    restart, torchft = options.compared(args)
+    restart, torchft = live.compared(args)
     target = args.target or "rank"
     if args.count is not None and target != "etcd":
         raise ValueError("--count goes with --target etcd: add it, or drop --count")
@@ -263,7 +268,7 @@ def _live_plan(args: argparse.Namespace) -> LivePlan:
         restart = restart and args.compare is not None  # nothing to compare with by default
     else:
         rank = host_rank(args.host, args.mode, args.nodes) if args.rank is None else args.rank
-    live = LivePlan(
+    chosen = LivePlan(
         rank=rank,
         target=target,
         count=args.count or 1,
@@ -278,8 +283,8 @@ def _live_plan(args: argparse.Namespace) -> LivePlan:
         **common.run_fields(args),
     )
     if args.recovery == "torchft" or torchft:
-        options.require_torchft(args.image)
-    return live
+        live.require_torchft(args.image)
+    return chosen
 
 
 def _lost_nodes(args: argparse.Namespace) -> tuple[int, ...]:
@@ -333,7 +338,7 @@ def plan(args: argparse.Namespace) -> KillPlan | TorchrunKillPlan | LivePlan:
     return KillPlan(**shared)
 
 
-# Each path's package runs its plan and reports its result.
+# Each path's module runs its plan and reports its result.
 _PATHS: dict[type, Any] = {
     KillPlan: restart,
     TorchrunKillPlan: torchrun,
