@@ -202,7 +202,7 @@ class EtcdMember(MemberState):
                 )
         self.notice(self.qid, "self", why)
 
-    def check_in(self, store: object = None) -> None:
+    def check_in(self) -> None:
         with self._lock:
             q, done = self.qid, self.qid in self._checked_in
             self._checked_in.add(q)
@@ -283,7 +283,6 @@ class EtcdMember(MemberState):
         """After ``done``: end this member's threads, then its lease (its registration and,
         if it held it, the decider role go with it: another member takes the role at once)."""
         self._stop.set()
-        self._entered.set()
         for t in self._threads:
             t.join(timeout=self.heartbeat_timeout_s + 1.0)
         with contextlib.suppress(EtcdError):

@@ -54,7 +54,6 @@ class MemberState:
         self._checked_in: set[int] = set()  # quorums this member checked in after
         self.wakers: set[threading.Event] = set()
         self._lock = threading.Lock()
-        self._entered = threading.Event()
         self._stop = threading.Event()  # see stop()
         self._threads: list[threading.Thread] = []
 
@@ -138,4 +137,3 @@ class MemberState:
             self.qid, self.quorum = quorum.id, quorum
             self.latest = max(self.latest, quorum.id)
             self.abort = None
-        self._entered.set()
