@@ -6,15 +6,20 @@ them (its registration on its lease, its check-in), so each interleaving is exac
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 
 from ddp.recovery.etcd.client import Etcd
 from ddp.recovery.etcd.cluster import EmbeddedEtcd, etcd_binary
-from ddp.recovery.etcd.decider import Decider, _Lost
+from ddp.recovery.etcd.decider import JOB_ENV, Decider, _Lost
 from ddp.recovery.etcd.job import JobKeys, Sealer
-from ddp.recovery.protocol.messages import ProtocolError, Quorum
+from ddp.recovery.protocol.messages import SECRET_ENV, ProtocolError, Quorum
 
 SECRET = b"s" * 32
 pytestmark = pytest.mark.timeout(60)
@@ -157,6 +162,46 @@ def test_a_member_that_checked_in_and_then_lapsed_is_left_out(cluster):
     job.die("1.1")
     _until(d, lambda: d.quorum.id == 2)
     assert d.quorum.members == ("0.1", "2.1") and d.quorum.lost == ("1.1",)
+
+
+def _until_true(what, timeout_s: float = 20.0):
+    deadline = time.monotonic() + timeout_s
+    while not (got := what()):
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.01)
+    return got
+
+
+def test_a_stopped_decider_loses_the_role_and_campaigns_again_when_resumed(cluster):
+    """The launcher's decider process SIGSTOPped: its lease lapses and a member takes the role.
+    Resumed, it has a lapsed lease; once the role is free again it must campaign on a new
+    lease, not stop with a traceback ("requested lease not found") as it did."""
+    job = "stopped"
+    env = {
+        **os.environ,
+        **cluster.credentials.env(),
+        SECRET_ENV: SECRET.decode(),
+        JOB_ENV: job,
+    }
+    argv = [sys.executable, "-m", "ddp.recovery.etcd.decider", "--world-size", "3"]
+    argv += ["--heartbeat-timeout", "2", "--timeout", "60"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        client, keys = Etcd(cluster.credentials, timeout_s=5.0), JobKeys(job)
+        assert _until_true(lambda: client.get(keys.decider())).value == b"coordinator"
+        lease, _ = client.lease_grant(30)
+        member = Decider(client, keys, SECRET, "1.1", lease, 2.0, window_s=0.05)
+        proc.send_signal(signal.SIGSTOP)
+        _until_true(member.campaign)
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(1.0)  # it runs again, with a lapsed lease, while the member holds the role
+        client.lease_revoke(lease)  # the member goes: the role is free
+        holder = _until_true(lambda: client.get(keys.decider()))
+        assert holder.value == b"coordinator" and proc.poll() is None
+    finally:
+        proc.kill()
+        out = proc.communicate(timeout=10)[0].decode()
+    assert "Traceback" not in out, out
 
 
 def test_fewer_than_half_left_is_refused_once_and_for_all(cluster):

@@ -98,9 +98,14 @@ class Decider:
     def campaign(self) -> bool:
         """Take the role if nobody holds it; True if this process holds it now."""
         key = self.keys.decider()
-        ok, _, _ = self.client.txn(
-            [create_revision_equals(key, 0)], [put_op(key, self.name, self.lease)]
-        )
+        try:
+            ok, _, _ = self.client.txn(
+                [create_revision_equals(key, 0)], [put_op(key, self.name, self.lease)]
+            )
+        except EtcdError as e:
+            if "lease not found" not in str(e):
+                raise
+            return False  # this process stalled past its lease: its owner grants a new one
         if ok:
             self.holding = True
             self._load()
@@ -364,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         # The launcher's decider: the first quorum's size is its to say (once per job).
         key = keys.expected()
         client.txn([create_revision_equals(key, 0)], [put_op(key, str(args.world_size))])
-        lease, _ = client.lease_grant(max(1, round(args.heartbeat_timeout / 2)))
+        lease_ttl = max(1, round(args.heartbeat_timeout / 2))
+        lease, _ = client.lease_grant(lease_ttl)
     except EtcdError as e:
         say(f"etcd did not answer: {e}")
         return 5
@@ -373,7 +379,9 @@ def main(argv: list[str] | None = None) -> int:
         client, keys, secret, "coordinator", lease, args.heartbeat_timeout, window_s, say
     )
     stop = threading.Event()
-    beat = threading.Thread(target=_keep_alive, args=(client, lease, stop), daemon=True)
+    beat = threading.Thread(
+        target=_keep_alive, args=(client, decider, lease_ttl, stop), daemon=True
+    )
     beat.start()
     say(f"deciding for job {keys.job}, waiting for {args.world_size} ranks")
     code = decider.serve(stop, time.monotonic() + args.timeout)
@@ -386,13 +394,18 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def _keep_alive(client: Etcd, lease: int, stop: threading.Event) -> None:
-    """Renew ``lease`` a few times per TTL until ``stop``; a failed renewal is tried again
-    (the lease lapses, and the role moves, only if none gets through for a whole TTL)."""
+def _keep_alive(client: Etcd, decider: Decider, lease_ttl: int, stop: threading.Event) -> None:
+    """Renew the decider's lease a few times per TTL until ``stop``; a failed renewal is tried
+    again (the lease lapses, and the role moves, only if none gets through for a whole TTL).
+    A lease that lapsed (this process was stopped, or etcd unreachable, for a TTL) is replaced,
+    so that the process can campaign again."""
     ttl = 1.0
     while not stop.wait(ttl / 4):
         try:
-            ttl = float(client.lease_keepalive(lease) or 1)
+            ttl = float(client.lease_keepalive(decider.lease))
+            if not ttl:
+                decider.lease, granted = client.lease_grant(lease_ttl)
+                ttl = float(granted)
         except EtcdError:
             continue
 

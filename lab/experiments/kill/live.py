@@ -490,12 +490,12 @@ def _inject(plan: LivePlan, faults: list[Fault]) -> Moment:
     for fault in faults:
         fault.inject()
     took = time.time() - start
-    at, when = start, f"the call took {took:.3f} s"
+    calls = "the call took" if len(faults) == 1 else f"the {len(faults)} calls took"
+    at, when = start, f"{calls} {took:.3f} s"
     if faults[0].landed_at is not None:
         at = faults[0].landed_at
-        when = f"Docker's kill event {at - start:.3f} s into the call; the call took {took:.3f} s"
-        if len(faults) > 1:
-            when = f"{when} for all {len(faults)}"
+        first = "the call" if len(faults) == 1 else "the first"
+        when = f"Docker's kill event {at - start:.3f} s into {first}; {when}"
     detail = "; ".join(dict.fromkeys(f.detail for f in faults))
     return Moment(at, f"lab: {plan.mode} {plan.target_text} ({detail}; {when})", "fault")
 
