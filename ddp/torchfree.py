@@ -67,6 +67,7 @@ from ddp.recovery.etcd.decider import JOB_ENV
 from ddp.recovery.protocol.messages import SECRET_ENV
 from ddp.recovery.records import (
     CommitRecord,
+    DeciderRecord,
     FaultRecord,
     HealRecord,
     QuorumRecord,
@@ -111,6 +112,7 @@ __all__ = [
     "TB_MISSING",
     "CommitRecord",
     "ConfigRecord",
+    "DeciderRecord",
     "Diagnosis",
     "EndRecord",
     "FailureRecord",

@@ -77,6 +77,7 @@ from ddp.recovery.protocol.messages import Quorum
 from ddp.recovery.protocol.waiting import QuorumLost, wait_work
 from ddp.recovery.records import (
     CommitRecord,
+    DeciderRecord,
     FaultRecord,
     HealRecord,
     QuorumRecord,
@@ -289,6 +290,7 @@ class Manager:
             cfg.heartbeat_timeout_s,
             cfg.timeout_s,
             self._noticed,
+            on_role=self._took_role,
         )
 
     # -- what the loop asks ---------------------------------------------------------------
@@ -428,6 +430,9 @@ class Manager:
         self._agreed = max(self._agreed, int(g[:, 0].max()))
         self.reports = g[:, 1:]
         return self.reports
+
+    def _took_role(self, q: int) -> None:
+        self._emit(DeciderRecord(self.replica, q, time.time()))
 
     def _noticed(self, q: int, source: str, why: str) -> None:
         if source == f"rank {self.replica}":  # its own notice, read back by the watcher first

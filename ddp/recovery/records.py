@@ -19,6 +19,7 @@ from ddp.record import Record
 __all__ = [
     "KINDS",
     "CommitRecord",
+    "DeciderRecord",
     "FaultRecord",
     "HealRecord",
     "QuorumRecord",
@@ -96,6 +97,18 @@ class HealRecord(Record):
 
 
 @dataclass
+class DeciderRecord(Record):
+    """This rank took the role that decides quorums (``ddp.recovery.etcd.decider``): its
+    holder, the launcher's decider or another member, was lost or stalled past its lease.
+    ``quorum_id`` is the newest quorum then; the lab judges a decider's loss survived only
+    when a member took the role after it."""
+
+    event: ClassVar[str] = "decider"
+    quorum_id: int
+    t: float
+
+
+@dataclass
 class RecoveryVerdictRecord(Record):
     """The end of a live run, by every member of the last quorum: did the replicas agree
     bitwise after every committed step, was every step 1..steps committed exactly once, and
@@ -112,5 +125,13 @@ class RecoveryVerdictRecord(Record):
 
 
 KINDS: dict[str, type[Record]] = {
-    k.event: k for k in (FaultRecord, QuorumRecord, CommitRecord, HealRecord, RecoveryVerdictRecord)
+    k.event: k
+    for k in (
+        FaultRecord,
+        QuorumRecord,
+        CommitRecord,
+        HealRecord,
+        DeciderRecord,
+        RecoveryVerdictRecord,
+    )
 }

@@ -10,7 +10,12 @@ import sys
 import pytest
 
 from ddp.program.records import EndRecord, load_attempts
-from ddp.recovery.records import CommitRecord, QuorumRecord, RecoveryVerdictRecord
+from ddp.recovery.records import (
+    CommitRecord,
+    DeciderRecord,
+    QuorumRecord,
+    RecoveryVerdictRecord,
+)
 from tests.helpers import run_in_session
 
 
@@ -28,6 +33,8 @@ def test_the_job_survives_its_deciders_sigkill_and_then_a_ranks(tmp_path):
     assert re.search(r"\[rank\d\] \d\.1 holds the decider role", said), said[-3000:]
     logs = load_attempts(tmp_path / "logs")
     records = {rank: [x for log in runs for x in log.records] for rank, runs in logs.items()}
+    took = [x for rs in records.values() for x in rs if isinstance(x, DeciderRecord)]
+    assert took and took[0].quorum_id == 1, took  # a member took the role, in quorum 1
     ends = {rk: e.params_sha256 for rk, rs in records.items() for e in rs if type(e) is EndRecord}
     assert sorted(ends) == [1, 2] and len(set(ends.values())) == 1  # bitwise identical
     for rank in (1, 2):

@@ -10,7 +10,13 @@ import statistics
 from collections.abc import Iterable
 
 from ddp.program.records import Record, StepRecord
-from ddp.recovery.records import CommitRecord, FaultRecord, HealRecord, QuorumRecord
+from ddp.recovery.records import (
+    CommitRecord,
+    DeciderRecord,
+    FaultRecord,
+    HealRecord,
+    QuorumRecord,
+)
 
 __all__ = ["figures", "figures_line", "timeline"]
 
@@ -85,6 +91,9 @@ def _line(r: Record, done: set) -> str | None:
             f"{r.nbytes / 1e6:.2f} MB in {r.seconds * 1e3:.1f} ms (registered "
             f"{r.registered_t - r.started_t:.2f} s after its process started)"
         )
+    elif isinstance(r, DeciderRecord):
+        key = ("decider", r.rank, r.quorum_id)
+        text = f"rank {r.rank} took the decider role (quorum {r.quorum_id} so far)"
     else:
         return None
     if key in done:

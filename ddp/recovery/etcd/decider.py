@@ -81,8 +81,10 @@ class Decider:
         heartbeat_timeout_s: float,
         window_s: float = 0.1,
         say: Callable[[str], None] | None = None,
+        on_role: Callable[[int], None] | None = None,
     ) -> None:
         self.client, self.keys, self.name, self.lease = client, keys, name, lease
+        self.on_role = on_role or (lambda qid: None)  # took the role, at quorum ``qid``
         self.sealer = Sealer(secret, keys.job, name)
         self.heartbeat_timeout_s, self.window_s = heartbeat_timeout_s, window_s
         self.say = say or (lambda text: None)
@@ -110,6 +112,7 @@ class Decider:
             self.holding = True
             self._load()
             self.say(f"{self.name} holds the decider role (quorum {self._qid()} so far)")
+            self.on_role(self._qid())
         return ok
 
     def _load(self) -> None:

@@ -60,6 +60,7 @@ class EtcdMember(MemberState):
         timeout_s: float,
         on_notice,
         secret: bytes | None = None,
+        on_role=None,
     ) -> None:
         super().__init__(replica, heartbeat_timeout_s, timeout_s, on_notice, secret)
         # Each call gets the heartbeat timeout: etcd that cannot answer within it is lost.
@@ -79,6 +80,7 @@ class EtcdMember(MemberState):
             self.lease,
             heartbeat_timeout_s,
             say=lambda text: log.warning(f"[rank{replica}] {text}"),
+            on_role=on_role,
         )
         for target in (self._keep_alive, self._watch, self._decide):
             self._threads.append(threading.Thread(target=target, daemon=True))

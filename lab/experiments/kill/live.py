@@ -31,6 +31,7 @@ from ddp.torchfree import (
     SECRET_ENV,
     CommitRecord,
     ConfigRecord,
+    DeciderRecord,
     Headline,
     HealRecord,
     Page,
@@ -801,6 +802,15 @@ def _judge_control_plane_loss(result: LiveResult) -> Verdict:
                 {r.quorum_id for r in records if isinstance(r, QuorumRecord) and r.t >= t}
             )
             formed = f"quorums {quorums} formed after it" if quorums else "no new quorum needed"
+            took = [r for r in records if isinstance(r, DeciderRecord) and r.t >= t]
+            if plan.target == "coordinator":
+                if not took:
+                    # Survived by luck: had a rank failed, nobody would have decided.
+                    return Verdict(
+                        False, [f"every rank trained on, but no member took over from {what}"]
+                    )
+                first = min(took, key=lambda r: r.t)
+                formed += f"; rank {first.rank} took the decider role {first.t - t:.2f} s after it"
             return Verdict(
                 True, [f"the job survived the loss of {what} ({formed}); {verdicts[0].message}"]
             )
