@@ -72,6 +72,8 @@ def test_the_control_plane_lost_and_survived(client, tmp_path, target, lost):
     last = out.strip().splitlines()[-1]
     assert last.startswith(f"{lost} lost in step 4: the job survived the loss of {lost}"), out
     assert f"lab: kill {lost} (docker kill" in out
+    if target == "--target coordinator":  # survived because a member decides now
+        assert re.search(r"rank \d took the decider role [\d.]+ s after it", last), out
     doc = json.loads((tmp_path / run_id / "live.json").read_text())
     assert doc["ok"] and doc["headline"] == last and doc["paths"][0]["name"] == "ours (live)"
     logs = load_attempts(tmp_path / run_id / "live" / "logs")
