@@ -72,6 +72,17 @@ class _Job:
         ]
 
 
+def _first_quorum(cluster: EmbeddedEtcd, name: str) -> tuple[_Job, Decider]:
+    """Job ``name`` with members 0.1, 1.1 and 2.1, and decider ``d`` holding their quorum 1."""
+    job = _Job(cluster, name)
+    for uid in ("0.1", "1.1", "2.1"):
+        job.register(uid)
+    d = job.decider("d")
+    assert d.campaign()
+    _until(d, lambda: d.quorum is not None)
+    return job, d
+
+
 def _until(decider: Decider, done, ticks: int = 200) -> None:
     for _ in range(ticks):
         decider.tick()
@@ -126,12 +137,7 @@ def test_one_history_when_the_decider_dies_as_two_replacements_join(cluster):
 
 
 def test_a_member_whose_lease_lapses_is_dropped_and_the_rest_go_on(cluster):
-    job = _Job(cluster, "lapse")
-    for uid in ("0.1", "1.1", "2.1"):
-        job.register(uid)
-    d = job.decider("d")
-    assert d.campaign()
-    _until(d, lambda: d.quorum is not None)
+    job, d = _first_quorum(cluster, "lapse")
     job.die("2.1")  # its lease gone: what a SIGKILLed or stalled member leaves behind
     _until(d, lambda: d.aborted_at is not None)
     note = Sealer(SECRET, "lapse", "t").open(
@@ -149,12 +155,7 @@ def test_a_member_that_checked_in_and_then_lapsed_is_left_out(cluster):
     its lease lapsed; the next quorum took it in (it had checked in), was aborted at once for
     its lapsed lease, and was formed again with it, for ever. It must be left out instead, so
     that it registers again and is healed as a new member."""
-    job = _Job(cluster, "late-lapse")
-    for uid in ("0.1", "1.1", "2.1"):
-        job.register(uid)
-    d = job.decider("d")
-    assert d.campaign()
-    _until(d, lambda: d.quorum is not None)
+    job, d = _first_quorum(cluster, "late-lapse")
     job.abort(1, "a peer closed the connection")
     _until(d, lambda: d.aborted_at is not None)
     for uid in ("0.1", "1.1", "2.1"):
@@ -205,12 +206,7 @@ def test_a_stopped_decider_loses_the_role_and_campaigns_again_when_resumed(clust
 
 
 def test_fewer_than_half_left_is_refused_once_and_for_all(cluster):
-    job = _Job(cluster, "few")
-    for uid in ("0.1", "1.1", "2.1"):
-        job.register(uid)
-    d = job.decider("d")
-    assert d.campaign()
-    _until(d, lambda: d.quorum is not None)
+    job, d = _first_quorum(cluster, "few")
     job.abort(1, "two peers gone")
     job.check_in(1, "0.1")
     _until(d, lambda: d.exit_code is not None)
