@@ -11,6 +11,8 @@ Every import counts: at the top, inside a function (a lazy import is still an ar
   control plane (``etcd/``) import nothing from ``ddp.program``: any training loop can use them.
 * The files of ``ddp/wrapper`` import each other without a circle, so each can be read after
   the ones it builds on.
+* So do the files of ``lab/experiments/run``: ``run.py`` is the experiment, read top to bottom,
+  and the ideas beside it (its faults, workers, hang) import nothing of it.
 * ``lab kill`` is a package of one module per path (restart, torchrun, live), what they share
   and the command; the paths and the shared module never import the command, which imports
   them.
@@ -21,6 +23,8 @@ from __future__ import annotations
 import ast
 from functools import cache
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 _PROTOCOL = {"protocol", "etcd"}  # ddp/recovery/protocol/ and its control plane, ddp/recovery/etcd/
@@ -139,9 +143,10 @@ def _circles(paths: list[Path]) -> list[list[str]]:
     return circles
 
 
-def test_no_import_circles_in_the_wrapper():
-    circles = _circles(_sources("ddp/wrapper"))
-    assert not circles, "import circles in ddp/wrapper: " + "; ".join(
+@pytest.mark.parametrize("folder", ["ddp/wrapper", "lab/experiments/run"])
+def test_no_import_circles_in(folder):
+    circles = _circles(_sources(folder))
+    assert not circles, f"import circles in {folder}: " + "; ".join(
         " <-> ".join(group) for group in circles
     )
 

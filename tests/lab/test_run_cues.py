@@ -2,8 +2,8 @@
 
 from ddp.instrument.records import ScriptStepRecord
 from lab.engine.events import LineEvent, RecordEvent
-from lab.experiments.run.cues import due
 from lab.experiments.run.faults import parse_fault
+from lab.experiments.run.run import due
 
 
 def _step(rank: int, step: int, module: int = 0) -> RecordEvent:

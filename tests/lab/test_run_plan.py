@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from lab.experiments.run.faults import parse_fault
-from lab.experiments.run.plan import RunPlan, script_of
+from lab.experiments.run.run import RunPlan, script_of
 from tests.helpers import cli_error
 
 

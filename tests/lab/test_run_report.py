@@ -2,11 +2,17 @@
 
 from pathlib import Path
 
-from lab.experiments.run.analysis import analyse, link_bytes, percentile
 from lab.experiments.run.faults import parse_fault
-from lab.experiments.run.outputs import write_files
-from lab.experiments.run.plan import RunPlan
-from lab.experiments.run.result import FaultEvent, RunResult, StepSeen
+from lab.experiments.run.run import (
+    FaultEvent,
+    RunPlan,
+    RunResult,
+    StepSeen,
+    analyse,
+    link_bytes,
+    percentile,
+    write_files,
+)
 
 
 def _plan(tmp_path: Path, **kw: object) -> RunPlan:

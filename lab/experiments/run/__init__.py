@@ -1,10 +1,12 @@
 """``python -m lab run [layout] [link] [faults] -- SCRIPT [ARGS...]``: the user's own torch DDP
 script across the lab's nodes, on a verified link and under faults, explained when it hangs.
 
-plan (:mod:`.plan`, the faults :mod:`.faults`) -> run (:mod:`.run`: the cues :mod:`.cues`, the
-workers :mod:`.workers`, the hang :mod:`.hang`) -> result (:mod:`.result`) -> analysis
-(:mod:`.analysis`: one summary) -> ``report.json``, ``steps.png``, the scalars
-(:mod:`.outputs`), the page (:mod:`.page`) and the console's lines, each from that summary.
+This file is the command: its flags and the plan made from them. The experiment is
+:mod:`.run`, read top to bottom: plan -> run (the faults fired on cue) -> result -> analysis
+(one summary) -> ``report.json``, ``steps.png``, the scalars, the page and the console's lines,
+each from that summary. Beside it, one idea each: the faults as the user writes them
+(:mod:`.faults`), the job's workers seen from outside (:mod:`.workers`), and when the steps
+stop and what the stuck job says about itself (:mod:`.hang`).
 """
 
 from __future__ import annotations
@@ -13,17 +15,11 @@ import argparse
 from pathlib import Path
 
 from lab.args import add_common, add_impairments, add_shaper, number
-from lab.experiments.run.analysis import analyse
 from lab.experiments.run.faults import parse_fault
-from lab.experiments.run.outputs import write_files, write_scalars
-from lab.experiments.run.page import page
-from lab.experiments.run.plan import MAX_WORKDIR_MB, RunPlan
-from lab.experiments.run.result import RunResult
-from lab.experiments.run.run import run
-from lab.report.publish import TB_DIR, publish
+from lab.experiments.run.run import MAX_WORKDIR_MB, RunPlan, report, resolve, run
 from lab.shaping.impair import Impairments
 
-__all__ = ["RunPlan", "RunResult", "add_arguments", "plan", "report", "run"]
+__all__ = ["add_arguments", "plan", "report", "run"]
 
 NAME = "run"
 HELP = "your own torch DDP script across the nodes, on a shaped link, under faults, explained"
@@ -140,23 +136,5 @@ def plan(args: argparse.Namespace) -> RunPlan:
         runs_dir=args.runs_dir,
         progress=args.progress,
     )
-    if made.requirements is not None:
-        from lab.experiments.run.requirements import resolve
-
-        resolve(made)  # pip on the host: a file that does not resolve is refused here
+    resolve(made)  # pip on the host: a requirements file that does not resolve is refused here
     return made
-
-
-def report(result: RunResult) -> int:
-    """Exit 0 when the job ended cleanly and no rank's replica differs."""
-    summary = analyse(result)
-    written = write_files(summary)
-    write_scalars(summary, Path(result.run_dir) / TB_DIR / "run")
-    made = page(summary)
-    names = ", ".join(p.name for p in written)
-    print(f"took {result.seconds:.0f} s; wrote {result.run_dir}/: {names}")
-    for line in publish(result.run_dir, made.page, made.summary, made.files, made.jobs):
-        print(line)
-    for line in summary.lines():
-        print(line)
-    return 0 if summary.ok and summary.identical is not False else 1

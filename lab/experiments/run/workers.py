@@ -8,11 +8,11 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+from collections.abc import Mapping
 
 from lab.engine.client import GONE
 from lab.engine.cluster import Cluster
 from lab.experiments.run.hang import Where, where_from_pyspy
-from lab.experiments.run.plan import NODE_WORKDIR, RunPlan, workdir_files
 
 __all__ = ["Workers"]
 
@@ -46,8 +46,8 @@ _REQUEST = (
 class Workers:
     """Each rank's worker pid and node, and reading them: SIGUSR2, py-spy."""
 
-    def __init__(self, cluster: Cluster, plan: RunPlan) -> None:
-        self.cluster, self.plan = cluster, plan
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
         self.pids: dict[int, tuple[int, int]] = {}  # rank -> (node, pid)
 
     def _exec(self, node: int, argv: list[str]) -> tuple[int, str]:
@@ -81,14 +81,10 @@ class Workers:
             if ranks is None or rank in ranks:
                 self._exec(node, ["kill", f"-{sig}", str(pid)])
 
-    def read(self) -> dict[int, Where | None]:
-        """Every live worker's stack, read in parallel (py-spy stops each for a moment)."""
-        sources = {}
-        for path in workdir_files(self.plan.workdir)[0]:
-            if path.suffix == ".py":
-                with contextlib.suppress(OSError, UnicodeDecodeError):
-                    rel = path.relative_to(self.plan.workdir).as_posix()
-                    sources[rel] = path.read_text().splitlines()
+    def read(self, workdir: str, sources: Mapping[str, list[str]]) -> dict[int, Where | None]:
+        """Every live worker's stack, read in parallel (py-spy stops each for a moment): its
+        innermost frame under ``workdir`` (in the node), ``sources`` that folder's Python files
+        by their path in it (read on the host, where the run copied them from)."""
 
         def one(item: tuple[int, tuple[int, int]]) -> tuple[int, Where | None]:
             rank, (node, pid) = item
@@ -98,7 +94,7 @@ class Workers:
             if code != 0:
                 return rank, None
             try:
-                return rank, where_from_pyspy(json.loads(out), NODE_WORKDIR, sources)
+                return rank, where_from_pyspy(json.loads(out), workdir, sources)
             except ValueError:
                 return rank, None
 
