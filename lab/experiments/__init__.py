@@ -7,13 +7,13 @@ figures from the rank logs, as one summary object) -> the files, what is printed
 page, each built from that summary alone.
 
 ``up``, ``topology``, ``straggler``, ``compress``, ``latency`` and ``memory`` are one module
-each, read top to bottom in that order. ``run`` and ``kill`` are still packages whose files are
-named by that role (``plan.py``, ``run.py``, ``result.py``, ``analysis.py``, ``outputs.py``,
-``text.py``, ``page.py``); ``kill`` has one such package per path (:mod:`.kill`). Beside them,
-what several experiments share: the run of a sweep (:mod:`.sweep`), one job followed to its end
-(:mod:`.followed`), a link that changes during a job (:mod:`.link_change`,
-:mod:`.changed_job`) and the per-step timeline (:mod:`.timeline`); every experiment reports
-through :mod:`lab.report.report`.
+each, read top to bottom in that order. ``run`` and ``kill`` are packages because each holds
+several ideas: ``run`` the experiment (``run/run.py``) beside its faults, workers and hang;
+``kill`` one module per recovery path (``restart``, ``torchrun``, ``live``), what they share
+and the command. Beside them, what several experiments share: the run of a sweep
+(:mod:`.sweep`), one job followed to its end (:mod:`.followed`), a link that changes during a
+job (:mod:`.link_change`, :mod:`.changed_job`) and the per-step timeline (:mod:`.timeline`);
+every experiment reports through :mod:`lab.report.report`.
 
 A package's ``run()`` is its ``run.py``'s, bound by ``from .run import run`` in the package:
 Python binds a submodule as an attribute of its package when it is first imported, and the
