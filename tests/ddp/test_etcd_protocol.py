@@ -19,6 +19,7 @@ from ddp.recovery.etcd.client import Etcd
 from ddp.recovery.etcd.cluster import EmbeddedEtcd, etcd_binary
 from ddp.recovery.etcd.decider import JOB_ENV, Decider, _Lost
 from ddp.recovery.etcd.job import JobKeys, Sealer
+from ddp.recovery.etcd.member import EtcdMember
 from ddp.recovery.protocol.messages import SECRET_ENV, ProtocolError, Quorum
 
 SECRET = b"s" * 32
@@ -203,6 +204,43 @@ def test_a_stopped_decider_loses_the_role_and_campaigns_again_when_resumed(clust
         proc.kill()
         out = proc.communicate(timeout=10)[0].decode()
     assert "Traceback" not in out, out
+
+
+def test_a_failure_after_a_join_wakes_every_member_still_in_the_old_quorum(cluster):
+    """Found by the 200-trial campaign (a kill just after a replacement registered): quorum 1
+    is superseded by quorum 2 (a join), then a rank of quorum 1 dies. The rank that noticed
+    could not post quorum 1's abort (its notice was taken by "superseded"), so a member still
+    inside quorum 1's collective slept on until gloo gave up, 3.7 s later, was left out of
+    the next quorum and stopped. The abort goes to quorum 2's notice, and ends quorum 1 for
+    every member still in it."""
+    job = _Job(cluster, "join-then-fail")
+    job.register("0.1")
+    d = job.decider("d")
+    assert d.campaign()
+    members = [
+        EtcdMember(cluster.credentials, job.keys.job, r, 2.0, 30.0, lambda *a: None, SECRET)
+        for r in (1, 2)
+    ]
+    try:
+        _until(d, lambda: d.quorum is not None)
+        for m in members:
+            m.enter(m.next_quorum())
+        assert d.quorum.members == ("0.1", "1.1", "2.1")
+        job.register("0.2")  # a replacement joins: quorum 2 supersedes quorum 1
+        _until(d, lambda: d.quorum.id == 2)
+        _until_true(lambda: all(m.latest == 2 for m in members))
+        woken = threading.Event()
+        with members[0].waking(woken):  # rank 1, inside a collective of quorum 1
+            members[1].post_abort("the peer at 127.0.0.1:9650 closed the connection")
+            assert woken.wait(5), "rank 1 was not woken: it would wait on in quorum 1"
+        note = Sealer(SECRET, job.keys.job, "t").open(
+            job.keys.notify(2), job.client.get(job.keys.notify(2)).value
+        )
+        assert note["by"] == "rank 2" and "closed the connection" in note["why"]
+        assert members[0].abort is not None and members[0].qid == 1
+    finally:
+        for m in members:
+            m.stop()
 
 
 def test_fewer_than_half_left_is_refused_once_and_for_all(cluster):

@@ -35,6 +35,7 @@ from ddp.recovery.etcd.client import (
     EtcdUnavailable,
     create_revision_equals,
     put_op,
+    range_op,
 )
 from ddp.recovery.etcd.decider import Decider
 from ddp.recovery.etcd.job import JobKeys, Sealer
@@ -194,15 +195,40 @@ class EtcdMember(MemberState):
             self._apply(quorum.id, note)
 
     def post_abort(self, why: str) -> None:
-        """This rank saw quorum ``qid`` fail: tell every member (the first notice wins)."""
+        """This rank saw quorum ``qid`` fail: tell every member (the first notice wins).
+
+        Found by the campaign: when ranks joined just before the failure, ``qid``'s notice is
+        already "superseded by n", and the members still inside ``qid``'s collectives never
+        hear of the failure (a peer that left the collective keeps its sockets open, so gloo
+        waits on). The abort then goes to quorum n's notice: n holds every member of ``qid``,
+        the failed one too, so it is over as well, and its notice wakes them
+        (``MemberState.notice``)."""
         if self.lost is None:
-            key = self.keys.notify(self.qid)
             note = {"kind": "abort", "by": f"rank {self.replica}", "why": why}
+            q = self.qid
             with contextlib.suppress(EtcdError):  # etcd gone: that is noticed anyway
-                self.client.txn(
-                    [create_revision_equals(key, 0)], [put_op(key, self.sealer.seal(key, note))]
-                )
+                while q is not None:
+                    q = self._post_notice(q, note)
         self.notice(self.qid, "self", why)
+
+    def _post_notice(self, q: int, note: dict) -> int | None:
+        """Post ``note`` as quorum ``q``'s notice if it has none; else the successor it names
+        if that notice is a "superseded" one (None: posted, or ended by an abort already)."""
+        key = self.keys.notify(q)
+        ok, responses, _ = self.client.txn(
+            [create_revision_equals(key, 0)],
+            [put_op(key, self.sealer.seal(key, note))],
+            [range_op(key)],
+        )
+        if ok:
+            return None
+        kvs = responses[0]["response_range"]["kvs"]
+        try:
+            there = self.sealer.open(key, kvs[0].value) if kvs else {}
+        except ProtocolError:
+            return None  # a stranger's value: the quorum reads it as an abort anyway
+        nxt = there.get("next") if there.get("kind") == "superseded" else None
+        return nxt if isinstance(nxt, int) and nxt > q else None
 
     def check_in(self) -> None:
         with self._lock:

@@ -102,14 +102,20 @@ class MemberState:
         busy for a while (the reference's step on group rank 0), and a member that checks in
         after the decider's window is left out and must heal."""
         with self._lock:
-            if q != self.qid or self.abort is not None:
+            if self.abort is not None or not (q == self.qid or self.qid < q <= self.latest):
                 return
+            # A later quorum's end ends this one too when this one was superseded by it (or
+            # by one before it): its members would move there at the next step boundary, and
+            # a failure in this quorum may have been posted there (EtcdMember.post_abort).
+            # Its check-in waits for entering it (enter applies the notice kept for it).
+            current = q == self.qid
             self.abort = {"by": source, "why": why}
             wakers = list(self.wakers)
         for ev in wakers:
             ev.set()
-        self.check_in()
-        self.on_notice(q, source, why)
+        if current:
+            self.check_in()
+        self.on_notice(self.qid, source, why)
 
     @contextlib.contextmanager
     def waking(self, ev: threading.Event) -> Iterator[None]:
