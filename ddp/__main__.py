@@ -176,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg.node_of(0, world)  # --nodes must divide the world
         _check_writable("--log-dir", cfg.log_dir)
         _check_writable("--checkpoint-dir", cfg.checkpoints)
+        if cfg.checkpoints is not None:
+            cfg.resolved_run_id()  # torchrun's job id must be able to name the files
         if rdzv is not None:
             check_reachable(rdzv)
     except ValueError as e:

@@ -10,13 +10,20 @@ detected on load instead of resuming from garbage:
     magic "DDPCKPT2" | meta length (8 bytes, little endian) | payload length (8 bytes) |
     sha256(meta + payload) | meta | payload | trailer "DDPCKEND"
 
-The meta is UTF-8 JSON: the step, when it was written (``written_at_ns``, the writer's clock)
-and the fingerprint of the run that wrote it (``ddp.program.resume``), so a reader can tell
-whose checkpoint it is without unpickling anything. The payload is `torch.save` of
-{"step": step, "state": state}, loaded with `weights_only=True`: `state` may hold tensors,
-state_dicts and plain Python containers and scalars (enough for model, optimizer, RNG states
-and the data position), not arbitrary objects. Files of the first format ("DDPCKPT1", no meta)
+The meta is UTF-8 JSON: the step, the run id, when it was written (``written_at_ns``, the
+writer's clock: for a reader, never compared, as hosts' clocks disagree) and the fingerprint of
+the run that wrote it (``ddp.program.resume``), so a reader can tell whose checkpoint it is
+without unpickling anything. The payload is `torch.save` of {"step": step, "state": state},
+loaded with `weights_only=True`: `state` may hold tensors, state_dicts and plain Python
+containers and scalars (enough for model, optimizer, RNG states and the data position), not
+arbitrary objects. Files of the first format ("DDPCKPT1", no meta)
 still load, with no fingerprint.
+
+Whose files. Runs may share a directory (two jobs pointed at one volume), so every name carries
+the run id: ``ckpt_<run>_<step>.pt``. A run lists, resumes and prunes only the files of its own
+id, found by name alone (no file is read to decide whether it may be deleted), and two runs never
+write the same name. Files named before run ids (``ckpt_<step>.pt``) belong to no run: never
+listed, never pruned (``checkpoint_runs`` reports them).
 
 A writer killed between creating its temp file and the rename leaves the temp file behind; its
 name carries the writer's host and pid, so ``remove_stale_temp_files`` can tell a dead writer's
@@ -41,10 +48,13 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ddp.program.config import RUN_ID_PATTERN, RUN_ID_RULE
+
 __all__ = [
     "Checkpoint",
     "CorruptCheckpointError",
     "checkpoint_path",
+    "checkpoint_runs",
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
@@ -62,12 +72,13 @@ _MAGIC_V1 = b"DDPCKPT1"
 _TRAILER = b"DDPCKEND"
 _HEADER = struct.Struct("<8sQQ32s")  # magic, meta length, payload length, sha256 digest
 _HEADER_V1 = struct.Struct("<8sQ32s")  # magic, payload length, sha256 digest
-_NAME_RE = re.compile(r"^ckpt_(\d{8})\.pt$")
-# .ckpt_00000006.pt.<host>.<pid>.<random>.tmp; older writers left .ckpt_00000006.pt.<random>.tmp
-_TEMP_RE = re.compile(r"^\.ckpt_\d{8}\.pt\..*\.tmp$")
-_TEMP_OWNER_RE = re.compile(
-    r"^\.ckpt_\d{8}\.pt\.(?P<host>[A-Za-z0-9_-]+)\.(?P<pid>\d+)\.[^.]+\.tmp$"
-)
+# ckpt_<run>_<step>.pt; the step is the 8 digits before ".pt", so a run id may hold "_" too.
+_NAME_RE = re.compile(r"^ckpt_(?P<run>[A-Za-z0-9][A-Za-z0-9_.-]*)_(?P<step>\d{8})\.pt$")
+_UNNAMED_RE = re.compile(r"^ckpt_(?P<step>\d{8})\.pt$")  # written before run ids
+# The final name + .<host>.<pid>.<random>.tmp; older writers left <final name>.<random>.tmp
+_FINAL = r"ckpt_(?:[A-Za-z0-9][A-Za-z0-9_.-]*_)?\d{8}\.pt"
+_TEMP_RE = re.compile(rf"^\.{_FINAL}\..*\.tmp$")
+_TEMP_OWNER_RE = re.compile(rf"^\.{_FINAL}\.(?P<host>[A-Za-z0-9_-]+)\.(?P<pid>\d+)\.[^.]+\.tmp$")
 # A temp file whose writer cannot be checked (another host, or an old name) is removed only once
 # it is this old: no checkpoint write takes an hour, so its writer is gone.
 TEMP_MAX_AGE_S = 3600.0
@@ -78,7 +89,8 @@ class CorruptCheckpointError(ValueError):
 
 
 class Checkpoint(NamedTuple):
-    """A verified, loaded checkpoint: its step, meta (fingerprint, written_at_ns) and state."""
+    """A verified, loaded checkpoint: its step, meta (run, fingerprint, written_at_ns) and
+    state."""
 
     step: int
     path: Path
@@ -91,13 +103,24 @@ class Checkpoint(NamedTuple):
         return self.meta.get("fingerprint")
 
     @property
+    def run(self) -> str | None:
+        """The run id it was written under; None if written before run ids."""
+        return self.meta.get("run")
+
+    @property
     def written_at_ns(self) -> int:
         return int(self.meta.get("written_at_ns", 0))
 
 
-def checkpoint_path(directory: Path, step: int) -> Path:
-    """The file name a checkpoint of `step` gets inside `directory`."""
-    return Path(directory) / f"ckpt_{step:08d}.pt"
+def _check_run(run: str) -> None:
+    if not isinstance(run, str) or not RUN_ID_PATTERN.match(run):
+        raise ValueError(f"run id must be {RUN_ID_RULE} (it names files), got {run!r}")
+
+
+def checkpoint_path(directory: Path, step: int, run: str) -> Path:
+    """The file name run `run`'s checkpoint of `step` gets inside `directory`."""
+    _check_run(run)
+    return Path(directory) / f"ckpt_{run}_{step:08d}.pt"
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -117,11 +140,13 @@ def save_checkpoint(
     step: int,
     state: dict,
     *,
+    run: str,
     keep: int = 2,
     fingerprint: dict[str, Any] | None = None,
 ) -> Path:
-    """Atomically write `state` as the checkpoint of `step`, tagged with the `fingerprint` of
-    the run (JSON); keep only the newest `keep`.
+    """Atomically write `state` as run `run`'s checkpoint of `step`, tagged with the
+    `fingerprint` of the run (JSON); keep only the newest `keep` of run `run`, leaving every
+    other run's files alone.
 
     Call it on one rank only (rank 0): the files are shared by all ranks.
     """
@@ -129,18 +154,24 @@ def save_checkpoint(
         raise ValueError(f"step must be in [0, 1e8), got {step}")
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
+    _check_run(run)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_files(directory)
     buf = io.BytesIO()
     torch.save({"step": step, "state": state}, buf)
     payload = buf.getvalue()
-    meta_obj = {"step": step, "written_at_ns": time.time_ns(), "fingerprint": fingerprint}
+    meta_obj = {
+        "step": step,
+        "run": run,
+        "written_at_ns": time.time_ns(),
+        "fingerprint": fingerprint,
+    }
     meta = json.dumps(meta_obj, sort_keys=True).encode()
     digest = hashlib.sha256(meta + payload).digest()
     header = _HEADER.pack(_MAGIC, len(meta), len(payload), digest)
 
-    final = checkpoint_path(directory, step)
+    final = checkpoint_path(directory, step, run)
     # The temp file lives in the same directory so os.replace is a rename, never a copy; its
     # name says which process writes it (remove_stale_temp_files).
     fd, tmp_name = tempfile.mkstemp(
@@ -160,7 +191,7 @@ def save_checkpoint(
     finally:
         tmp.unlink(missing_ok=True)
 
-    for old_step, old in list_checkpoints(directory)[:-keep]:
+    for old_step, old in list_checkpoints(directory, run)[:-keep]:
         if old_step < step:  # never delete the file just written, whatever the names say
             old.unlink(missing_ok=True)
     return final
@@ -226,14 +257,19 @@ def read_checkpoint(path: Path) -> Checkpoint:
         raise CorruptCheckpointError(f"checkpoint {path}: payload lacks step/state")
     if not isinstance(obj["state"], dict):
         raise CorruptCheckpointError(f"checkpoint {path}: its state is not a dict")
-    m = _NAME_RE.match(path.name)
-    if m is not None and int(m.group(1)) != obj["step"]:
+    m = _NAME_RE.match(path.name) or _UNNAMED_RE.match(path.name)
+    if m is not None and int(m["step"]) != obj["step"]:
         raise CorruptCheckpointError(
-            f"checkpoint {path}: file name says step {int(m.group(1))}, content says {obj['step']}"
+            f"checkpoint {path}: file name says step {int(m['step'])}, content says {obj['step']}"
         )
     if "step" in meta and meta["step"] != obj["step"]:
         raise CorruptCheckpointError(
             f"checkpoint {path}: meta says step {meta['step']}, content says {obj['step']}"
+        )
+    named = None if m is None else m.groupdict().get("run")
+    if named is not None and "run" in meta and meta["run"] != named:
+        raise CorruptCheckpointError(
+            f"checkpoint {path}: file name says run {named}, meta says {meta['run']}"
         )
     return Checkpoint(obj["step"], path, meta, obj["state"])
 
@@ -247,30 +283,46 @@ def load_checkpoint(path: Path) -> dict:
     return read_checkpoint(path).state
 
 
-def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every file named like a checkpoint, oldest first, unverified.
-
-    Temp files of interrupted writes have other names and are never listed.
-    """
+def _named(directory: Path) -> list[tuple[str | None, int, Path]]:
+    """(run, step, path) of every file named like a checkpoint (run None: an unnamed one)."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
     found = []
     for p in directory.iterdir():
-        m = _NAME_RE.match(p.name)
+        m = _NAME_RE.match(p.name) or _UNNAMED_RE.match(p.name)
         if m is not None and p.is_file():
-            found.append((int(m.group(1)), p))
-    return sorted(found)
+            found.append((m.groupdict().get("run"), int(m["step"]), p))
+    return found
 
 
-def latest_checkpoint(directory: Path) -> tuple[int, Path] | None:
-    """(step, path) of the newest checkpoint that verifies, or None.
+def list_checkpoints(directory: Path, run: str) -> list[tuple[int, Path]]:
+    """(step, path) of every file named like a checkpoint of run `run`, oldest first,
+    unverified.
+
+    Other runs' files, unnamed ones and temp files of interrupted writes are never listed.
+    """
+    _check_run(run)
+    return sorted((step, p) for owner, step, p in _named(directory) if owner == run)
+
+
+def checkpoint_runs(directory: Path) -> dict[str | None, int]:
+    """Every run with a checkpoint file in `directory` and its highest step (key None: the
+    files named before run ids), unverified: what to tell a run that found none of its own."""
+    runs: dict[str | None, int] = {}
+    for owner, step, _ in _named(directory):
+        runs[owner] = max(step, runs.get(owner, step))
+    return runs
+
+
+def latest_checkpoint(directory: Path, run: str) -> tuple[int, Path] | None:
+    """(step, path) of run `run`'s newest checkpoint that verifies, or None.
 
     Corrupt files are skipped with a warning and never loaded. The check reads and hashes
     the whole file, so the caller loading it afterwards reads it twice; checkpoints here
     are small and resuming from a bad file is far worse.
     """
-    for step, path in reversed(list_checkpoints(directory)):
+    for step, path in reversed(list_checkpoints(directory, run)):
         try:
             _verified(path)
         except CorruptCheckpointError as e:
@@ -295,7 +347,7 @@ def remove_stale_temp_files(
 ) -> list[Path]:
     """Remove the temp files of checkpoint writers that are gone; returns what was removed.
 
-    A writer killed before its rename leaves ``.ckpt_<step>.pt.<host>.<pid>.<random>.tmp``. Such
+    A writer killed before its rename leaves ``.<final name>.<host>.<pid>.<random>.tmp``. Such
     a file is stale when its writer ran on this host and that pid is no longer alive, or, when
     that cannot be checked (another host, a name without host and pid), when it has not been
     touched for ``max_age_s``. A live writer's file is never either, so this can run at any

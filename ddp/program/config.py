@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +31,7 @@ __all__ = [
     "COMMS",
     "COMM_HOOKS",
     "COMPRESSION_HOOKS",
+    "DEFAULT_RUN_ID",
     "FIND_UNUSED",
     "GROUPS",
     "MODEL_NAMES",
@@ -36,6 +39,9 @@ __all__ = [
     "POWERSGD_RANK",
     "POWERSGD_START_ITER",
     "RECOVERY_MODES",
+    "RUN_ID_ENV",
+    "RUN_ID_PATTERN",
+    "RUN_ID_RULE",
     "SYNC_MODES",
     "WRAPPERS",
     "Rendezvous",
@@ -57,6 +63,16 @@ OPTIMIZERS = ("sgd", "adam")
 RECOVERY_MODES = ("restart", "live", "torchft")
 # auto: on for the model that needs it (branchy); true and false: as torch's argument
 FIND_UNUSED = ("auto", "true", "false")
+# A run id names checkpoint files (ddp.program.checkpoint), so it is what a file name can hold
+# on any filesystem, and no path.
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+RUN_ID_RULE = "1 to 64 letters, digits, '_', '.' or '-', the first a letter or digit"
+# torchrun gives every worker of a job its --rdzv-id here, and the same one to the workers its
+# agents restart: the job's identity as its launcher knows it.
+RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
+# Neither --run-id nor torchrun: every such run is one run, so running the same command line
+# again resumes it, as it did before runs had ids.
+DEFAULT_RUN_ID = "default"
 
 
 def _opt(default: Any, help: str, group: str = "train", **meta: Any) -> Any:
@@ -178,6 +194,16 @@ class TrainConfig:
     )
     checkpoint_dir: str | None = _opt(
         None, "where checkpoints go (default: LOG_DIR/checkpoints)", "fault", metavar="DIR"
+    )
+    run_id: str | None = _opt(
+        None,
+        "the job this run belongs to: its checkpoints are named by it (ckpt_ID_STEP.pt) and "
+        "carry it, and it resumes and prunes only checkpoints of this id, so a restart of the "
+        "job passes the same id and another job in the same --checkpoint-dir another one "
+        f"(default: ${RUN_ID_ENV} under torchrun, its --rdzv-id, else {DEFAULT_RUN_ID})",
+        "fault",
+        metavar="ID",
+        want="a run id",
     )
     resume: bool = _opt(False, "continue from the newest complete checkpoint", "fault")
     auto_resume: bool = _opt(
@@ -301,6 +327,8 @@ class TrainConfig:
         for name in ("momentum", *caps, "step_delay_ms", "backward_delay_ms"):
             if not getattr(self, name) >= 0:  # also rejects NaN
                 raise ValueError(_bad(name, getattr(self, name), "a number >= 0"))
+        if self.run_id is not None and not RUN_ID_PATTERN.match(self.run_id):
+            raise ValueError(_bad("run_id", self.run_id, RUN_ID_RULE))
         if self.resume and self.auto_resume:
             raise ValueError("--resume or --auto-resume (fresh without a checkpoint): pick one")
         if self.force_resume and not (self.resume or self.auto_resume):
@@ -345,6 +373,24 @@ class TrainConfig:
         if self.checkpoint_dir:
             return Path(self.checkpoint_dir)
         return Path(self.log_dir) / "checkpoints" if self.log_dir else None
+
+    def resolved_run_id(self, env: Mapping[str, str] | None = None) -> str:
+        """The id this run's checkpoints carry: ``--run-id``, else torchrun's job id (the
+        ``--rdzv-id`` its agents give every worker, restarted ones too), else
+        ``DEFAULT_RUN_ID``. Read where the rank runs, since only there is torchrun's
+        environment; a job id that cannot name a file is refused, asking for ``--run-id``."""
+        if self.run_id is not None:
+            return self.run_id
+        env = os.environ if env is None else env
+        given = env.get(RUN_ID_ENV)
+        if given is None:
+            return DEFAULT_RUN_ID
+        if not RUN_ID_PATTERN.match(given):
+            raise ValueError(
+                f"${RUN_ID_ENV} {given!r} (torchrun's --rdzv-id) cannot name checkpoint files: "
+                f"pass --run-id ID ({RUN_ID_RULE}), the same on every restart of the job"
+            )
+        return given
 
     @property
     def finds_unused(self) -> bool:
@@ -452,7 +498,7 @@ def _check_type(f: dataclasses.Field, value: Any) -> None:
         return
     if default is None:
         ok = value is None or isinstance(value, str)
-        want = "a path"
+        want = f.metadata.get("want", "a path")
     elif isinstance(default, bool):
         ok, want = isinstance(value, bool), "true or false"
     elif isinstance(default, int):

@@ -7,15 +7,20 @@ is one and starts fresh otherwise. The second is what a launcher that restarts w
 "the checkpoint directory holds a complete checkpoint of this run" has to be what means
 "resume".
 
-Whose checkpoint. Every checkpoint carries the fingerprint of the run that wrote it
-(``run_fingerprint``): what makes one configuration's state wrong for another (the model and
-its parameter layout, the seed, the optimizer and its settings, the global batch and how it is
-accumulated, how gradients are synchronised). The world size is not in it: a run may resume at
-another world size (torchrun's elastic agent shrinking the job), with data shards that follow
-the new world. A checkpoint of another fingerprint is not a candidate; when no candidate is
-left but another run's checkpoint is, the run stops with one line naming the first field that
-differs, both values, and ``--force-resume``, which takes it anyway (and then this run's
-optimizer settings apply).
+Whose checkpoint. A run is a job, as named by its run id (``TrainConfig.resolved_run_id``:
+``--run-id``, else torchrun's ``--rdzv-id``, which its agents keep across restarts): a
+restart of the job resumes its checkpoints, another job sharing the directory under another id
+never resumes or prunes them (``ddp.program.checkpoint`` names every file by its run). The
+configuration matters too: every checkpoint carries the fingerprint of the run that wrote it
+(``run_fingerprint``): the run id, and what makes one configuration's state wrong for another
+(the model and its parameter layout, the seed, the optimizer and its settings, the global batch
+and how it is accumulated, how gradients are synchronised). The world size is not in it: a run
+may resume at another world size (torchrun's elastic agent shrinking the job), with data shards
+that follow the new world. A checkpoint of another fingerprint is not a candidate; when no
+candidate is left but such a checkpoint of this run id is, the run stops with one line naming
+the first field that differs, both values, and ``--force-resume``, which takes it anyway (and
+then this run's optimizer settings apply). Other run ids' files are no candidates at all, only
+named when nothing of this run is found.
 
 Which checkpoint. Rank 0 writes the checkpoints, into the directory it sees. Where they resume
 from is agreed over the process group, not read from a directory every rank shares: each rank
@@ -25,12 +30,14 @@ found, and the lowest rank holding the winner broadcasts its state. So ranks tha
 filesystem (hosts with a volume each; a torchrun restart that put the new rank 0 on another
 host) resume from one state, and ranks that see one directory differently (a file renamed into
 place between two listings, a network filesystem's cache) cannot train from different steps.
-The winner is the most recently written (the writer's clock; ties: the higher step, then the
-lowest rank), not the highest step: within one job a later checkpoint continues the earlier
-ones, while a host's volume left over from an earlier job with the same configuration can hold
-a higher step of another trajectory (another world size, another data order), and must not
-decide for everyone. Clocks that disagree by more than a restart can only make the run take an
-older checkpoint of its own and redo steps, never another run's.
+The winner is the highest step (ties: the lowest rank holding it), decided by step and run
+alone, never by when a file was written: hosts' clocks disagree, and a host whose clock runs
+ahead must not make everyone take its older step. Every candidate is this run's, so a higher
+step is further along this run; a volume left over from an earlier job is another run id's and
+no candidate, which is what the write time used to guard against (jobs run under one id are one
+run, by that id: another job needs another ``--run-id``). The winner may be a step
+that ranks which hold only older ones never saw: any complete checkpoint of this run is a state
+the run reached.
 
 Nothing crosses between ranks as pickle: the candidates are JSON, the state a JSON skeleton
 plus raw tensor bytes (``ddp.wrapper.wire``), so ``weights_only=True`` on the owner's load
@@ -53,6 +60,7 @@ from ddp.flight.recorder import FlightRecorder
 from ddp.program.checkpoint import (
     Checkpoint,
     CorruptCheckpointError,
+    checkpoint_runs,
     list_checkpoints,
     read_checkpoint,
     remove_stale_temp_files,
@@ -72,16 +80,18 @@ __all__ = [
     "agreed_start",
     "fingerprint_difference",
     "restore",
+    "resume_owner",
     "run_fingerprint",
     "save",
 ]
 
 log = logging.getLogger("ddp")
 
-# TrainConfig fields that decide what state a step leaves behind (with the optimizer's own
-# settings and the parameter layout, added by run_fingerprint). Left out, on purpose: steps (a
-# run may be extended), the world size (elastic resume), and what changes speed or reporting
-# but not the state: bucket cap, overlap, wrapper, delays, reference, tolerance, timeouts.
+# TrainConfig fields that decide what state a step leaves behind (with the run id, the
+# optimizer's own settings and the parameter layout, added by run_fingerprint). Left out, on
+# purpose: steps (a run may be extended), the world size (elastic resume), and what changes
+# speed or reporting but not the state: bucket cap, overlap, wrapper, delays, reference,
+# tolerance, timeouts.
 _FINGERPRINT_FIELDS = ("model", "seed", "batch_size", "accumulate", "sync", "comm_hook")
 # Optimizer defaults that choose an implementation, not the update
 _IMPLEMENTATION = frozenset({"foreach", "fused", "differentiable", "capturable"})
@@ -92,7 +102,8 @@ class NothingToResume(BadInput, FileNotFoundError):
 
 
 class AnotherRunsCheckpoint(BadInput):
-    """The only checkpoints to resume from were written by another configuration."""
+    """The only checkpoints of this run id to resume from were written by another
+    configuration."""
 
 
 class Start(NamedTuple):
@@ -108,7 +119,8 @@ def run_fingerprint(cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimi
     """What a checkpoint must share with a run to be resumed by it: JSON, one entry per
     setting (``TrainConfig`` field names where there is one, so the refusal can name the flag)."""
     layout = [[k, list(v.shape), str(v.dtype)] for k, v in module.state_dict().items()]
-    fp: dict[str, Any] = {f: getattr(cfg, f) for f in _FINGERPRINT_FIELDS}
+    fp: dict[str, Any] = {"run_id": cfg.resolved_run_id()}
+    fp |= {f: getattr(cfg, f) for f in _FINGERPRINT_FIELDS}
     fp["model_layout"] = hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:16]
     # A sharded optimizer (torch's ZeroRedundancyOptimizer, ours) runs a plain one as .optim:
     # its class and settings are the run's, and its state is saved whole, as a plain one's.
@@ -154,15 +166,16 @@ def fingerprint_difference(ours: dict, theirs: dict | None) -> str:
 def _my_candidate(
     cfg: TrainConfig, fingerprint: dict, notes: list[str], passed: list[str]
 ) -> tuple[Checkpoint | None, str | None]:
-    """This rank's newest loadable checkpoint of this run (or, forced, of any run), and the
-    refusal line for the newest other run's checkpoint it passed over (None: none). Lines for
-    what it skipped go to ``notes``, and for other runs' checkpoints to ``passed`` (shown only
-    when the run resumes from another: else the refusal says it)."""
+    """This rank's newest loadable checkpoint of this run id and configuration (or, forced, of
+    this run id and any configuration), and the refusal line for the newest other
+    configuration's checkpoint it passed over (None: none). Lines for what it skipped go to
+    ``notes``, and for other configurations' checkpoints to ``passed`` (shown only when the run
+    resumes from another: else the refusal says it). Other run ids' files are not looked at."""
     assert cfg.checkpoints is not None
     # Before this run writes anything: a killed writer's temp file goes (a live one's stays).
     remove_stale_temp_files(cfg.checkpoints)
     foreign = None
-    for step, path in reversed(list_checkpoints(cfg.checkpoints)):
+    for step, path in reversed(list_checkpoints(cfg.checkpoints, cfg.resolved_run_id())):
         if step > cfg.steps:
             notes.append(f"skipping checkpoint {path}: step {step} is past --steps {cfg.steps}")
             continue
@@ -175,14 +188,14 @@ def _my_candidate(
         if not differ:
             return found, foreign
         if cfg.force_resume:
-            notes.append(f"--force-resume: resuming {path} of another run: {differ}")
+            notes.append(f"--force-resume: resuming {path} of another configuration: {differ}")
             return found, foreign
         if foreign is None:
             foreign = (
-                f"checkpoint {path} is another run's: {differ}; pass --force-resume to resume "
-                "it anyway, or another --checkpoint-dir to leave it alone"
+                f"checkpoint {path} is another configuration's: {differ}; pass --force-resume "
+                "to resume it anyway, or another --run-id or --checkpoint-dir to leave it alone"
             )
-        passed.append(f"skipping checkpoint {path}: another run's, {differ}")
+        passed.append(f"skipping checkpoint {path}: another configuration's, {differ}")
     return None, foreign
 
 
@@ -207,40 +220,66 @@ def agreed_start(
     notes: list[str] = []
     passed: list[str] = []
     found, foreign = _my_candidate(cfg, run_fingerprint(cfg, module, opt), notes, passed)
+    run = cfg.resolved_run_id()
+    others = [[r, s] for r, s in checkpoint_runs(cfg.checkpoints).items() if r != run]
     mine = {
         "notes": notes,
         "passed": passed,
         "foreign": foreign,
+        "others": others,
         "step": None if found is None else found.step,
-        "written_at_ns": None if found is None else found.written_at_ns,
     }
     with recorder.record("all_gather", step=0):
         seen = all_gather_json(mine)
-    have = [r for r, s in enumerate(seen) if s["step"] is not None]
+    owner = resume_owner(seen)
     if rank == 0:
         _log_notes(seen, "notes")
-        if have:
+        if owner is not None:
             _log_notes(seen, "passed")
-    if have:
-        owner = min(have, key=lambda r: (-seen[r]["written_at_ns"], -seen[r]["step"], r))
-        step = seen[owner]["step"]
-        higher = [r for r in have if seen[r]["step"] > step]
-        if higher and rank == 0:
-            log.warning(
-                f"rank {higher[0]} holds step {seen[higher[0]]['step']}, written before rank "
-                f"{owner}'s step {step}: resuming the most recently written"
-            )
-        return Start(step, owner, found if rank == owner else None)
+    if owner is not None:
+        return Start(seen[owner]["step"], owner, found if rank == owner else None)
     refusals = [s["foreign"] for s in seen if s["foreign"]]
     if refusals:
         raise AnotherRunsCheckpoint(refusals[0])
+    where = f"{cfg.checkpoints} for run {run}"
+    held = _other_runs(seen)
     if cfg.resume:
         raise NothingToResume(
-            f"--resume: no complete checkpoint in {cfg.checkpoints}; run with "
+            f"--resume: no complete checkpoint in {where}{held}; run with "
             "--checkpoint-every K first, pass --auto-resume to start fresh then, or drop --resume"
         )
-    log.info(f"--auto-resume: no complete checkpoint in {cfg.checkpoints}, starting fresh")
+    if rank == 0:  # fresh beside other runs' checkpoints may be a forgotten --run-id: a warning
+        say = log.warning if held else log.info
+        say(f"--auto-resume: no complete checkpoint in {where}{held}, starting fresh")
     return None
+
+
+def resume_owner(seen: list[dict[str, Any]]) -> int | None:
+    """The rank whose checkpoint everyone resumes, from every rank's gathered candidate
+    (``step`` None: it has none): the highest step, ties to the lowest rank. Only step and rank
+    decide, so every rank computes the same owner, and no host's clock can change it."""
+    have = [r for r, s in enumerate(seen) if s["step"] is not None]
+    return min(have, key=lambda r: (-seen[r]["step"], r)) if have else None
+
+
+def _other_runs(seen: list[dict[str, Any]]) -> str:
+    """What the ranks saw of other runs' checkpoints, as the end of "no checkpoint of this
+    run" (empty: none): the user may have meant one of them."""
+    newest: dict[str | None, int] = {}
+    for s in seen:
+        for other, step in s["others"]:
+            newest[other] = max(step, newest.get(other, step))
+    named = sorted((r, s) for r, s in newest.items() if r is not None)
+    parts = []
+    if named:
+        runs = ", ".join(f"run {r}'s up to step {s}" for r, s in named)
+        parts.append(f"{runs}: pass --run-id ID to resume one")
+    if None in newest:
+        parts.append(
+            f"checkpoints named before run ids, up to step {newest[None]}: to resume one, "
+            "rename it ckpt_ID_STEP.pt with this run's ID and add --force-resume"
+        )
+    return f" (it holds {'; and '.join(parts)})" if parts else ""
 
 
 def _log_notes(seen: list[dict[str, Any]], kind: str) -> None:
@@ -315,4 +354,6 @@ def save(
         state |= {"ref_model": ref.model.state_dict(), "ref_optimizer": ref.opt.state_dict()}
     assert cfg.checkpoints is not None
     fingerprint = run_fingerprint(cfg, module, opt)
-    save_checkpoint(Path(cfg.checkpoints), step, state, fingerprint=fingerprint)
+    save_checkpoint(
+        Path(cfg.checkpoints), step, state, run=cfg.resolved_run_id(), fingerprint=fingerprint
+    )

@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from ddp.program.config import Rendezvous, TrainConfig, flag_of
+from ddp.program.config import DEFAULT_RUN_ID, Rendezvous, TrainConfig, flag_of
 from ddp.program.flags import add_train_arguments, config_from_args
 
 
@@ -26,11 +26,26 @@ from ddp.program.flags import add_train_arguments, config_from_args
         ({"steps": True}, "--steps must be an integer"),
         ({"overlap": "yes"}, "--no-overlap must be true or false"),
         ({"lr": "0.1"}, "--lr must be a finite number"),
+        ({"run_id": "../up"}, "--run-id must be 1 to 64 letters, digits"),
+        ({"run_id": ""}, "--run-id must be 1 to 64 letters, digits"),
+        ({"run_id": "x" * 65}, "--run-id must be 1 to 64 letters, digits"),
+        ({"run_id": 7}, "--run-id must be a run id, got 7"),
     ],
 )
 def test_bad_config_names_the_flag(kwargs, word):
     with pytest.raises(ValueError, match=word):
         TrainConfig(**kwargs)
+
+
+def test_the_run_id_is_the_flag_else_torchruns_job_id_else_the_default():
+    torchrun = {"TORCHELASTIC_RUN_ID": "job7"}  # what torchrun's agents give every worker
+    assert TrainConfig().resolved_run_id({}) == DEFAULT_RUN_ID == "default"
+    assert TrainConfig().resolved_run_id(torchrun) == "job7"
+    assert TrainConfig(run_id="mine").resolved_run_id(torchrun) == "mine"
+    assert "--run-id" not in TrainConfig().to_argv()  # the default is resolved on the rank
+    assert TrainConfig(run_id="mine").to_argv() == ["--run-id", "mine"]
+    with pytest.raises(ValueError, match=r"TORCHELASTIC_RUN_ID 'a/b' .* pass --run-id ID"):
+        TrainConfig().resolved_run_id({"TORCHELASTIC_RUN_ID": "a/b"})
 
 
 def test_batch_must_split_evenly():

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp.program.checkpoint import list_checkpoints
+from ddp.program.checkpoint import checkpoint_path, list_checkpoints
+from ddp.program.config import DEFAULT_RUN_ID
 from ddp.program.records import load_attempts, read_rank_log
 from tests.helpers import finish, train_ranks
 
@@ -91,7 +92,7 @@ def test_resume_after_a_kill_is_bitwise_identical(tmp_path):
     _wait_for_step(logs / "rank1.jsonl", 7, procs)
     os.kill(procs[1].pid, signal.SIGKILL)
     finish(procs, timeout_s=40)
-    assert [s for s, _ in list_checkpoints(logs / "checkpoints")] == [3, 6]
+    assert [s for s, _ in list_checkpoints(logs / "checkpoints", DEFAULT_RUN_ID)] == [3, 6]
 
     resumed = finish(train_ranks(tmp_path, 2, *args, "--log-dir", str(logs), "--resume"), 90)
     assert "resumed from" in resumed[0] and "(step 6)" in resumed[0], resumed
@@ -106,7 +107,7 @@ def test_resume_skips_a_truncated_checkpoint(tmp_path):
     logs = tmp_path / "logs"
     args = ["--steps", "4", "--checkpoint-every", "2", "--log-dir", str(logs)]
     finish(train_ranks(tmp_path, 2, *args), 60)
-    newest = logs / "checkpoints" / "ckpt_00000004.pt"
+    newest = checkpoint_path(logs / "checkpoints", 4, DEFAULT_RUN_ID)
     newest.write_bytes(newest.read_bytes()[:-100])  # a write cut short
     out = finish(train_ranks(tmp_path, 2, *args, "--resume"), 60)
     assert "skipping corrupt checkpoint" in out[0] or "(step 2)" in out[0], out

@@ -50,6 +50,10 @@ _DESCRIBED = {
     "$RANK, torchrun": lambda: _torchrun_env().rank == 1,
     "$WORLD_SIZE, torchrun": lambda: _torchrun_env().world_size == 2,
     "env://, torchrun": lambda: _torchrun_env().init_method == "env://",
+    "$TORCHELASTIC_RUN_ID under torchrun, its --rdzv-id, else default": lambda: (
+        TrainConfig().resolved_run_id({"TORCHELASTIC_RUN_ID": "j"}) == "j"
+        and TrainConfig().resolved_run_id({}) == "default"
+    ),
 }
 
 
