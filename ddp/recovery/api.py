@@ -65,6 +65,8 @@ from torch import nn
 
 from ddp.flight.diagnosis import PeerFailure
 from ddp.flight.gloo_errors import error_meaning
+from ddp.instrument.env import InstrumentEnv
+from ddp.program.records import RecordLog
 from ddp.recovery.etcd.client import ENV_CREDENTIALS, ENV_ENDPOINTS, Credentials
 from ddp.recovery.etcd.decider import JOB_ENV
 from ddp.recovery.etcd.job import check_job_id
@@ -84,7 +86,7 @@ from ddp.recovery.records import (
     Record,
 )
 
-__all__ = ["Manager", "ManagerConfig", "Optimizer", "process_start_time"]
+__all__ = ["Manager", "ManagerConfig", "Optimizer", "env_record_log", "process_start_time"]
 
 log = logging.getLogger("ddp")
 
@@ -99,6 +101,14 @@ def process_start_time() -> float:
         return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return time.time()
+
+
+def env_record_log(replica: int) -> RecordLog | None:
+    """Where a ``Manager`` given no ``record=`` writes its records: ``rank<R>.jsonl`` (or the
+    replica's next attempt) in ``DDP_LOG_DIR``, echoed as ``@ddp`` lines with
+    ``DDP_EMIT_RECORDS=1``; None when ``DDP_LOG_DIR`` is unset."""
+    env = InstrumentEnv.from_environ()
+    return RecordLog(env.log_dir, replica, echo=env.emit_records) if env.log_dir else None
 
 
 @dataclass
@@ -251,7 +261,12 @@ class Manager:
     what a replica that joins or falls behind must receive (model, optimizer, the loop's own
     state: tensors, dicts, lists, tuples and JSON values); ``load_state_dict(state)`` takes it.
     ``record``, if given, receives the protocol's typed records (``ddp.recovery.records``)
-    as they happen, from this thread or the member's watcher."""
+    as they happen, from this thread or the member's watcher. Without it, a process whose
+    environment sets ``DDP_LOG_DIR`` (``ddp.instrument.env``, as ``python -m lab run
+    --recovery live`` does) writes them to ``rank<R>.jsonl`` there (R the replica; a
+    replacement writes the next ``rank<R>.attempt<N>.jsonl``), and with ``DDP_EMIT_RECORDS=1``
+    also as ``@ddp`` lines on stdout: ``ddp.program.records``' one writer, so the loop adds
+    nothing to be followed and judged from data. Neither set: no records."""
 
     def __init__(
         self,
@@ -265,6 +280,9 @@ class Manager:
         self.replica: int = self.config.replica  # type: ignore[assignment]
         self.started_t = process_start_time()
         self._state_dict, self._load_state_dict = state_dict, load_state_dict
+        self._log = env_record_log(self.replica) if record is None else None
+        if self._log is not None:
+            record = self._log.write
         self._record, self._record_lock = record, threading.Lock()
         self.step = 0  # the last step committed
         self.attempting: int | None = None  # the step under way, until it commits or fails
@@ -397,6 +415,9 @@ class Manager:
         self.member.stop()
         self.group, self._step_reduce = None, None
         keep_groups_past_exit()
+        if self._log is not None:
+            with self._record_lock:
+                self._log.close()
 
     def __enter__(self) -> "Manager":
         return self

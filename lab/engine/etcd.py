@@ -24,17 +24,28 @@ from pathlib import Path
 from ddp.torchfree import (
     ETCD_CREDENTIALS_ENV,
     ETCD_ENDPOINTS_ENV,
+    JOB_ENV,
+    SECRET_ENV,
     make_certificates,
     member_argv,
 )
 from lab.engine.client import LabError
 from lab.engine.cluster import Cluster
 
-__all__ = ["CLIENT_PORT", "ETCD_DIR", "LabEtcd", "lab_etcd"]
+__all__ = [
+    "CLIENT_PORT",
+    "ETCD_DIR",
+    "ETCD_MEMBERS",
+    "LabEtcd",
+    "decider_argv",
+    "job_env",
+    "lab_etcd",
+]
 
 CLIENT_PORT, PEER_PORT = 2379, 2380  # etcd's own ports: each member has a container to itself
 ETCD_DIR = "/run/ddp-etcd"  # in every node: client/ (all), server/ (the etcd nodes)
 _READY_S = 60.0  # three containers' first leader, on a loaded host
+ETCD_MEMBERS = 3  # one lost is survived; two are a majority, and training stops
 
 
 @dataclass(frozen=True)
@@ -112,3 +123,27 @@ def lab_etcd(
         yield LabEtcd(tuple(nodes), env)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def job_env(etcd: LabEtcd) -> dict[str, str]:
+    """The environment of a live job's decider and of every replica (a replacement's too): the
+    etcd it finds in ``etcd.env``, a secret made for this job and the job's id. In the
+    environment, never on a command line."""
+    token = secrets.token_hex(16)
+    return {**etcd.env, SECRET_ENV: token, JOB_ENV: f"job-{token[:8]}"}
+
+
+def decider_argv(world_size: int, heartbeat_timeout_s: float, timeout_s: float) -> list[str]:
+    """The launcher's decider (``ddp.recovery.etcd.decider``) of a job whose first quorum has
+    ``world_size`` replicas; it serves until every member is done, or ``timeout_s``."""
+    return [
+        "python",
+        "-m",
+        "ddp.recovery.etcd.decider",
+        "--world-size",
+        str(world_size),
+        "--heartbeat-timeout",
+        f"{heartbeat_timeout_s:g}",
+        "--timeout",
+        f"{timeout_s:g}",
+    ]

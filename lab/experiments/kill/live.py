@@ -19,7 +19,6 @@ import dataclasses
 import itertools
 import json
 import math
-import secrets
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -27,8 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddp.torchfree import (
-    JOB_ENV,
-    SECRET_ENV,
     CommitRecord,
     ConfigRecord,
     DeciderRecord,
@@ -50,7 +47,7 @@ from ddp.torchfree import (
 )
 from lab.engine.client import RunTimeout, connect
 from lab.engine.cluster import Cluster
-from lab.engine.etcd import lab_etcd
+from lab.engine.etcd import ETCD_MEMBERS, decider_argv, job_env, lab_etcd
 from lab.engine.events import Event, ExitEvent, LineEvent, RecordEvent
 from lab.engine.job import Job
 from lab.engine.layout import Layout
@@ -115,7 +112,6 @@ COORDINATOR_PORT = 29500
 # What the fault hits: a rank (--rank), the coordinator's container (--target coordinator), or
 # --count of the etcd members' containers (--target etcd).
 TARGETS = ("rank", "coordinator", "etcd")
-ETCD_MEMBERS = 3  # one lost is survived; two are a majority, and training stops
 # ddp's exit code for a rank whose control plane stopped answering (etcd lost its majority):
 # it stops rather than train on with nobody to notice the next fault.
 COORDINATOR_LOST = 5
@@ -275,17 +271,7 @@ class LivePlan:
                 "--min-replicas",
                 str(math.ceil(self.nodes / 2)),
             ]
-        return [
-            "python",
-            "-m",
-            "ddp.recovery.etcd.decider",
-            "--world-size",
-            str(self.nodes),
-            "--heartbeat-timeout",
-            f"{self.train.heartbeat_timeout_s:g}",
-            "--timeout",
-            f"{self.lifetime_s:g}",
-        ]
+        return decider_argv(self.nodes, self.train.heartbeat_timeout_s, self.lifetime_s)
 
     def torchft_plan(self) -> LivePlan:
         """The same job, fault and replacement under torchft (no comparison runs of its own)."""
@@ -469,8 +455,7 @@ def _control_plane(
             # etcd listens on the run's network only, with mutual TLS; the job's secret and id
             # go to the decider and to every rank in the environment, never on a command line.
             etcd = stack.enter_context(lab_etcd(cluster, plan.etcd_nodes, plan.lifetime_s))
-            token = secrets.token_hex(16)
-            env = {**etcd.env, SECRET_ENV: token, JOB_ENV: f"job-{token[:8]}"}
+            env = job_env(etcd)
             where = ", ".join(f"node{n}" for n in etcd.nodes)
             serves, cfg = f"etcd on {where}, the decider", plan.config(None)
         else:

@@ -6,17 +6,22 @@ This file is the command: its flags and the plan made from them. The experiment 
 (one summary) -> ``report.json``, ``steps.png``, the scalars, the page and the console's lines,
 each from that summary. Beside it, one idea each: the faults as the user writes them
 (:mod:`.faults`), the job's workers seen from outside (:mod:`.workers`), and when the steps
-stop and what the stuck job says about itself (:mod:`.hang`).
+stop and what the stuck job says about itself (:mod:`.hang`). ``--recovery live`` (a script
+whose loop uses ``ddp.recovery.api.Manager``) is :mod:`.live`: one replica per node on the
+lab's etcd, a kill survived, a replacement healed.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from lab.args import add_common, add_impairments, add_shaper, number
+from lab.experiments.run import live
+from lab.experiments.run import run as torchrun
 from lab.experiments.run.faults import parse_fault
-from lab.experiments.run.run import MAX_WORKDIR_MB, RunPlan, report, resolve, run
+from lab.experiments.run.run import MAX_WORKDIR_MB, RECOVERIES, RunPlan, RunResult, resolve
 from lab.shaping.impair import Impairments
 
 __all__ = ["add_arguments", "plan", "report", "run"]
@@ -36,10 +41,20 @@ examples:
   python -m lab run --nodes 2 --ranks-per-node 2 --ms 5 -- python examples/ddp_minimal.py
   python -m lab run --nodes 2 --ranks-per-node 2 --fault kill:rank=2:at-step=10 -- python train.py
   python -m lab run --nodes 2 --fault link:ms=50:at-step=40 -- train.py --epochs 3
+  python -m lab run --recovery live --nodes 3 --fault kill:rank=1:at-step=6:rejoin \\
+      -- python examples/recovery_loop.py --steps 40
 faults (--fault, several allowed): kill:rank=R:at-step=N (SIGKILL of rank R's worker in step
 N), pause:node=K:at=20s[:for=10s] (docker pause), partition:node=K:at-step=N[:for=S]
 (iptables DROP), link:ms=MS[:rate-mbit=R]:at-step=N (the link changes, verified again).
 at-step needs the step records; at=SECONDS (from the job's start) works without.
+--recovery live (the script's loop uses ddp.recovery.api.Manager): one replica per node
+(RANK=node), the job's etcd on 3 more nodes and the decider on one; the Manager writes its
+records to the lab by itself (DDP_LOG_DIR). kill:rank=R:at-step=N docker-kills replica R's
+container once R committed step N - 1; :rejoin then starts a replacement with the same RANK
+in it, which heals from a peer. Refused with it: --ranks-per-node other than 1, --nodes
+below 3, a shaped link, --hang-after, faults other than one kill. The report shows every
+quorum, fault and heal on a timeline and judges from the commit records: every step
+committed once by every survivor (and the replacement), every replica's exit 0.
 prints: the nodes' output, progress, the faults as they land, then
   run: 4 ranks on 2 nodes, 5 ms between nodes; 120 steps, median 84.2 ms (p90 91.0); ...
   and, when the job hung or failed, a last line `diagnosis: ...`.
@@ -57,7 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--ranks-per-node",
         type=number(1, kind=int),
         default=1,
-        help="torchrun workers per node (its --nproc-per-node; default 1)",
+        help="torchrun workers per node (its --nproc-per-node; default 1; --recovery live: 1)",
     )
     g.add_argument(
         "--workdir",
@@ -80,6 +95,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_shaper(link)
     add_impairments(p)
+    g.add_argument(
+        "--recovery",
+        choices=RECOVERIES,
+        default="torchrun",
+        help="torchrun: under torchrun, a lost rank ends the job (default); live: the script's "
+        "ddp.recovery.api.Manager goes on without it, one replica per node on the lab's etcd",
+    )
     f = p.add_argument_group("faults and hangs")
     f.add_argument(
         "--fault",
@@ -135,6 +157,18 @@ def plan(args: argparse.Namespace) -> RunPlan:
         image=args.image,
         runs_dir=args.runs_dir,
         progress=args.progress,
+        recovery=args.recovery,
     )
     resolve(made)  # pip on the host: a requirements file that does not resolve is refused here
     return made
+
+
+def run(plan: RunPlan, echo: Callable[[str], None] = print) -> RunResult | live.LiveRunResult:
+    """The plan's path: under torchrun (:mod:`.run`) or with live recovery (:mod:`.live`)."""
+    return live.run(plan, echo) if plan.live else torchrun.run(plan, echo)
+
+
+def report(result: RunResult | live.LiveRunResult) -> int:
+    if isinstance(result, live.LiveRunResult):
+        return live.report(result)
+    return torchrun.report(result)

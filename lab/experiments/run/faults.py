@@ -1,11 +1,13 @@
 """``lab run``'s faults on cue, as the user writes them: ``--fault KIND:KEY=VALUE:...``.
 
 ``kill:rank=2:at-step=30``, ``pause:node=1:at=20s:for=10s``, ``partition:node=1:at-step=15``,
-``link:ms=50:at-step=40``. Each names what it hits (a rank's worker process, a node's container,
-every node's link) and when: ``at-step=N`` fires once the step records say step ``N - 1`` is
-done (so the fault lands in step N; it needs the instrumentation), ``at=S`` (``20s`` or ``20``)
-fires S seconds after the job started, with or without it. Pure: parsed and validated before
-any container exists; a bad one is one line, exit 2.
+``link:ms=50:at-step=40``, and under ``--recovery live`` ``kill:rank=1:at-step=6:rejoin`` (a
+replacement for the killed replica joins and heals from a peer). Each names what it hits (a
+rank's worker process, a node's container, every node's link) and when: ``at-step=N`` fires
+once the step records say step ``N - 1`` is done (so the fault lands in step N; it needs the
+instrumentation, or under live recovery the Manager's commit records), ``at=S`` (``20s`` or
+``20``) fires S seconds after the job started, with or without it. Pure: parsed and
+validated before any container exists; a bad one is one line, exit 2.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class FaultCue:
     ms: float | None = None
     rate_mbit: float | None = None
     for_s: float | None = None
+    rejoin: bool = False  # kill: a replacement with the same RANK starts (--recovery live)
     text: str = ""  # as given
 
     def __post_init__(self) -> None:
@@ -75,6 +78,8 @@ class FaultCue:
         """``kill rank 2 in step 30``, ``pause node1 for 10 s at 20 s``, ``link 50 ms ...``."""
         if self.kind == "kill":
             what = f"SIGKILL rank {self.rank}"
+            if self.rejoin:
+                return f"{what} {self.cue()}, then a replacement joins"
         elif self.kind == "link":
             rate = f", {self.rate_mbit:g} Mbit/s" if self.rate_mbit else ""
             what = f"link to {self.ms:g} ms{rate}"
@@ -101,7 +106,13 @@ def parse_fault(text: str) -> FaultCue:
     need, may = KINDS[kind]
     known = (*need, *may, *_CUES)
     values: dict[str, str] = {}
+    rejoin = False
     for part in parts:
+        if part == "rejoin" and kind == "kill":
+            if rejoin:
+                raise ValueError(f"--fault {text}: rejoin given twice")
+            rejoin = True
+            continue
         key, sep, value = part.partition("=")
         if not sep or not value:
             raise ValueError(f"--fault {text}: {part!r} is not KEY=VALUE (e.g. {_EXAMPLES})")
@@ -134,4 +145,4 @@ def parse_fault(text: str) -> FaultCue:
         value = fields[key]
         if isinstance(value, int) and value < 0:
             raise ValueError(f"--fault {text}: {key} must be >= 0, got {value}")
-    return FaultCue(kind, text=text, **fields)  # type: ignore[arg-type]
+    return FaultCue(kind, text=text, rejoin=rejoin, **fields)  # type: ignore[arg-type]

@@ -79,6 +79,7 @@ __all__ = [
     "JOB",
     "MAX_WORKDIR_MB",
     "NODE_WORKDIR",
+    "RECOVERIES",
     "WHEELHOUSES",
     "Cues",
     "FaultEvent",
@@ -87,6 +88,7 @@ __all__ = [
     "RunSummary",
     "StepSeen",
     "analyse",
+    "copy_workdir",
     "derived_tag",
     "digest_of",
     "due",
@@ -133,6 +135,9 @@ EXCLUDED_DIRS = frozenset(
     }
 )
 _PYTHONS = ("python", "python3")
+# torchrun: a lost worker ends the job (today's lab run); live: the script's Manager
+# (ddp.recovery.api) goes on without it, on the lab's etcd (.live)
+RECOVERIES = ("torchrun", "live")
 
 
 def script_of(command: tuple[str, ...]) -> str | None:
@@ -190,12 +195,19 @@ class RunPlan:
     runs_dir: Path = Path("runs")
     progress: bool = True
     max_workdir_mb: float = MAX_WORKDIR_MB
+    recovery: str = "torchrun"  # one of RECOVERIES; "live": .live runs it
 
     def __post_init__(self) -> None:
         if not self.command:
             raise ValueError(
                 "no command: put it after --, e.g. python -m lab run --nodes 2 -- python train.py"
             )
+        if self.recovery not in RECOVERIES:
+            raise ValueError(
+                f"--recovery must be one of {', '.join(RECOVERIES)}, got {self.recovery!r}"
+            )
+        if self.live:
+            self._check_live()
         self.layout  # noqa: B018 - validates --nodes, --ranks-per-node
         if not self.workdir.is_dir():
             raise ValueError(f"--workdir {self.workdir} is not a directory")
@@ -234,7 +246,49 @@ class RunPlan:
         for cue in self.faults:
             self._check_fault(cue)
 
+    def _check_live(self) -> None:
+        """``--recovery live``: one replica per node, its records the Manager's; what it does
+        not take is refused here, one line each."""
+        if self.ranks_per_node != 1:
+            raise ValueError(
+                f"--recovery live runs one replica per node: drop --ranks-per-node "
+                f"{self.ranks_per_node} (use --nodes for more replicas)"
+            )
+        if self.nodes < 3:
+            raise ValueError(
+                f"--recovery live needs --nodes >= 3, got {self.nodes}: after losing one replica "
+                "the survivors must be more than half of the quorum to go on"
+            )
+        if self.shaped:
+            raise ValueError(
+                "--recovery live runs on the bare link: drop --ms, --rate-mbit, --jitter-ms and "
+                "--loss-pct (shape it with the default --recovery torchrun)"
+            )
+        if self.hang_after_s is not None:
+            raise ValueError(
+                "--hang-after reads torchrun's workers; under --recovery live a silent replica "
+                "is the decider's to drop: drop --hang-after"
+            )
+        if len(self.faults) > 1:
+            raise ValueError("--recovery live takes one --fault (a kill), got several")
+        for cue in self.faults:
+            if cue.kind != "kill":
+                raise ValueError(
+                    f"--fault {cue.text}: --recovery live takes kill:rank=R:at-step=N[:rejoin] "
+                    f"(or at=SECONDS), not {cue.kind}"
+                )
+            if cue.at_step is not None and cue.at_step < 2:
+                raise ValueError(
+                    f"--fault {cue.text}: under --recovery live at-step must be >= 2 (it fires "
+                    "when replica R committed step N - 1)"
+                )
+
     def _check_fault(self, cue: FaultCue) -> None:
+        if cue.rejoin and not self.live:
+            raise ValueError(
+                f"--fault {cue.text}: rejoin needs --recovery live (a script whose loop uses "
+                "ddp.recovery.api.Manager); under torchrun a killed worker ends the job"
+            )
         world = self.layout.world_size
         if cue.rank is not None and not cue.rank < world:
             raise ValueError(
@@ -245,7 +299,7 @@ class RunPlan:
                 f"--fault {cue.text}: node {cue.node} is out of range, the nodes are "
                 f"0..{self.nodes - 1}"
             )
-        if cue.by_step and not self.instrument:
+        if cue.by_step and not self.instrument and not self.live:
             raise ValueError(
                 f"--fault {cue.text}: at-step needs the step records, which --no-instrument "
                 "turns off; cue it at=SECONDS instead"
@@ -258,6 +312,10 @@ class RunPlan:
     @property
     def layout(self) -> Layout:
         return Layout(self.nodes, self.ranks_per_node)
+
+    @property
+    def live(self) -> bool:
+        return self.recovery == "live"
 
     @property
     def shaped(self) -> bool:
@@ -292,6 +350,11 @@ class RunPlan:
     def describe(self) -> str:
         world = self.layout.world_size
         faults = "; faults: " + ", ".join(c.describe() for c in self.faults) if self.faults else ""
+        if self.live:
+            return (
+                f"{world} replicas on {world} nodes with live recovery (etcd on 3 nodes, the "
+                f"decider on one); `{' '.join(self.command)}` from {self.workdir}{faults}"
+            )
         return (
             f"{world} ranks on {self.nodes} nodes, {self.link_text()}; `{' '.join(self.command)}` "
             f"from {self.workdir}{faults}"
@@ -708,7 +771,7 @@ def _archive(workdir: Path) -> bytes:
     return buf.getvalue()
 
 
-def _copy_workdir(cluster: Cluster, plan: RunPlan, echo: _Echo) -> None:
+def copy_workdir(cluster: Cluster, plan: RunPlan, echo: _Echo) -> None:
     data = _archive(plan.workdir)
     for node in cluster.nodes:
         node.container.put_archive("/", data)
@@ -895,7 +958,7 @@ def run(plan: RunPlan, echo: _Echo = print) -> RunResult:
     echo(f"run {cluster.run_id}: {plan.describe()}; image {image}; output in {run_dir}/")
     try:
         with cluster, contextlib.ExitStack() as stack:
-            _copy_workdir(cluster, plan, echo)
+            copy_workdir(cluster, plan, echo)
             cues = stack.enter_context(Cues(cluster, plan, result, echo))
             cues.link_at_start()
             stack.enter_context(_counted(cluster, plan, result, echo))
