@@ -5,6 +5,7 @@ passing; its plan; then a short real campaign of local live jobs, one trial per 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from ddp.recovery.harness.audit import (
 from ddp.recovery.harness.campaign import KINDS, main, percentile, plan
 from ddp.recovery.records import (
     CommitRecord,
+    DeciderRecord,
     HealRecord,
     QuorumRecord,
     RecoveryVerdictRecord,
@@ -211,6 +213,21 @@ def test_a_run_that_lost_its_coordinator_and_says_holds_is_unclean():
     assert j.problems[0] == "no quorum formed after the fault, yet ranks 0, 1, 2 said the run holds"
 
 
+def test_a_decider_lost_is_replaced_or_the_trial_is_unclean():
+    """Every rank trained to the end after the decider's loss: clean only if a member wrote
+    that it took the role after the fault (a record from before it does not count)."""
+    lost = Expect("survive", 8, T, decider_lost=True)
+    procs = _coordinator_lost(0)
+    assert judge_trial(procs, lost).problems == [
+        "no member took the decider role after the decider was lost"
+    ]
+    procs[0].records.insert(0, DeciderRecord(0, 0, T - 20))  # at the start: not a take-over
+    assert not judge_trial(procs, lost).clean
+    procs[2].records.append(DeciderRecord(2, 1, T + 0.7))
+    j = judge_trial(procs, lost)
+    assert j.clean and j.role_s == pytest.approx(0.7), j.problems
+
+
 def test_a_clean_stop_is_clean():
     line = "diagnosis: live recovery stopped: the coordinator is gone"
     j = judge_trial(_coordinator_lost(3, line), Expect("either", 8, T, frozenset({3})))
@@ -279,7 +296,9 @@ def test_losing_the_launchers_decider_is_survived(tmp_path):
     r = _campaign(tmp_path, "--trials", "1", "--seed", "3", "--kinds", "coordinator", timeout=200)
     assert r.returncode == 0, r.stdout[-4000:]
     assert "coordinator loss: SIGKILL of the coordinator" in r.stdout
-    assert r.stdout.splitlines()[-1].endswith("coordinator loss -> trained on in 1 of 1")
+    last = r.stdout.splitlines()[-1]
+    assert re.search(r"coordinator loss -> decider role taken p50 [\d.]+ s, p99 [\d.]+ s$", last)
+    assert ": clean, a member held the decider role " in r.stdout
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,9 @@ its replacement). The rules:
   exited 0. The run stopped (by design: too few left, the job's etcd lost): every other
   process exited with the same code of ``stop_codes``, wrote its one-line diagnosis as a
   failure record, and no verdict says "holds".
+* **A decider lost is replaced.** When the fault took the decider, a member wrote that it took
+  the role (``DeciderRecord``) after the fault: every rank training on alone proves nothing,
+  since without a decider the next fault would go unanswered.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from ddp.program.records import EndRecord, FailureRecord, Record
 from ddp.recovery.committed import Chain
 from ddp.recovery.records import (
     CommitRecord,
+    DeciderRecord,
     HealRecord,
     QuorumRecord,
     RecoveryVerdictRecord,
@@ -73,6 +77,7 @@ class Expect:
     steps: int
     t_fault: float
     stop_codes: frozenset[int] = frozenset({3})
+    decider_lost: bool = False  # the fault took the decider: a member must take the role
 
     def __post_init__(self) -> None:
         if self.outcome not in ("survive", "stop", "either"):
@@ -89,6 +94,7 @@ class Judgement:
     quorum_s: float | None = None  # to the first quorum formed after the fault
     commit_s: float | None = None  # to the first step committed in such a quorum
     stop_s: float | None = None  # to the end of the last process that stopped
+    role_s: float | None = None  # to a member holding the decider role (a decider lost)
 
     @property
     def clean(self) -> bool:
@@ -306,4 +312,10 @@ def judge_trial(procs: list[Process], expect: Expect) -> Judgement:
         ends = [p.exit_t for p in procs if not p.killed and p.exit_t is not None]
         j.stop_s = max(ends) - expect.t_fault if ends else None
     j.problems += exit_problems(procs, j.outcome, expect.stop_codes)
+    if expect.decider_lost:
+        took = [r.t for r in records if isinstance(r, DeciderRecord) and r.t >= expect.t_fault]
+        if took:
+            j.role_s = min(took) - expect.t_fault
+        else:
+            j.problems.append("no member took the decider role after the decider was lost")
     return j

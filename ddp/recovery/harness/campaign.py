@@ -65,8 +65,10 @@ KINDS = {
     "vote-kill": "kill after the vote",
     "replacement-dies": "replacement dies",
 }
-# Faults after which a rank must join (again) and heal before the run ends: drawn early.
-_LATE_JOIN = ("stop", "heal-kill", "replacement-dies")
+# Faults after which something must happen before the run ends, so they are drawn early: a
+# rank joins (again) and heals; or, after the decider's loss, its lease lapses and a member
+# takes the role (a loss late in the run would end with nobody having taken it, unjudged).
+_DRAWN_EARLY = ("stop", "heal-kill", "replacement-dies", "coordinator")
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,7 @@ class Trial:
         if self.kind == "coordinator":
             # The quorum stands without a decider and a member takes the role (its state is
             # in etcd): training goes on to the end, and no quorum needs forming.
-            return Expect("survive", steps, t_fault)
+            return Expect("survive", steps, t_fault, decider_lost=True)
         if self.kind == "two-kills" and 2 * (self.world - 2) < self.world:
             return Expect("stop", steps, t_fault, frozenset({3}))
         return Expect("survive", steps, t_fault)
@@ -152,7 +154,7 @@ def plan(
     out = []
     for i, kind in enumerate(order[:trials], 1):
         w = rng.choice((3, 4)) if kind == "two-kills" and world == 3 else world
-        last = max(2, steps // 5) if kind in _LATE_JOIN else steps - 3
+        last = max(2, steps // 5) if kind in _DRAWN_EARLY else steps - 3
         step = rng.randint(2, last)
         stop_s = round(heartbeat_s * rng.uniform(1.2, 2.0), 2) if kind == "stop" else 0.0
         if kind == "coordinator":
@@ -364,6 +366,9 @@ def _line(r: _Result, total: int) -> str:
         return head + f"UNCLEAN: {'; '.join(j.problems)} (records: {r.log_dir})"
     if j.outcome == "stopped":
         return head + f"clean stop, {s(j.stop_s)} after the fault [{r.seconds:.1f} s]"
+    if j.role_s is not None and j.quorum_s is None:
+        role = f"a member held the decider role {s(j.role_s)} after the fault"
+        return head + f"clean, {role}, no quorum needed [{r.seconds:.1f} s]"
     return (
         head
         + f"clean, fault -> quorum {s(j.quorum_s)} -> commit {s(j.commit_s)} [{r.seconds:.1f} s]"
@@ -400,8 +405,10 @@ def _summary(results: list[_Result]) -> list[str]:
             last.append(f"{KINDS[k]} -> commit p50 {p50:.2f} s, p99 {p99:.2f} s")
         elif stops:
             last.append(f"{KINDS[k]} -> clean stop p50 {percentile(stops, 50):.2f} s")
-        elif clean:  # nothing to recover from: the run went on as it was (a decider's loss)
-            last.append(f"{KINDS[k]} -> trained on in {len(clean)} of {len(mine)}")
+        elif roles := [r.judgement.role_s for r in clean if r.judgement.role_s is not None]:
+            # No quorum to form: the run went on as it was while a member took the role.
+            p50, p99 = percentile(roles, 50), percentile(roles, 99)
+            last.append(f"{KINDS[k]} -> decider role taken p50 {p50:.2f} s, p99 {p99:.2f} s")
         else:
             last.append(f"{KINDS[k]} -> no clean trial")
     n = sum(r.judgement.clean for r in results)
