@@ -28,13 +28,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, ClassVar
+from typing import Any, ClassVar
 
 from ddp.instrument.records import SCRIPT_RECORDS, ScriptEndRecord, ScriptStepRecord
-from ddp.record import Record
+from ddp.record import RECORD_PREFIX, Record, RecordLog, log_name
 from ddp.recovery.records import KINDS
 
 __all__ = [
@@ -56,13 +55,7 @@ __all__ = [
     "read_rank_log",
 ]
 
-RECORD_PREFIX = "@ddp "  # a stdout line that carries a record: "@ddp {json}"
 _LOG_NAME = re.compile(r"^rank(\d+)(?:\.attempt(\d+))?\.jsonl$")
-
-
-def log_name(rank: int, attempt: int = 0) -> str:
-    """``rank<R>.jsonl`` for a rank's first attempt, ``rank<R>.attempt<N>.jsonl`` after."""
-    return f"rank{rank}.jsonl" if attempt == 0 else f"rank{rank}.attempt{attempt}.jsonl"
 
 
 def _parse_name(name: str) -> tuple[int, int] | None:
@@ -209,41 +202,6 @@ def parse_record_line(text: str) -> Record | None:
         return _from_dict(json.loads(text[len(RECORD_PREFIX) :]))
     except ValueError:
         return None  # cut short by a kill: the file log has the rule for that
-
-
-class RecordLog:
-    """The writer: ``<log_dir>/rank<R>.jsonl`` (or the rank's next attempt, see above),
-    flushed per record so a killed rank leaves what it did; with ``echo`` also each record as
-    one ``@ddp`` line on stdout."""
-
-    def __init__(self, log_dir: str | None, rank: int, echo: bool = False) -> None:
-        self._f: IO[str] | None = None
-        self._echo = echo
-        self.path: Path | None = None
-        if log_dir:
-            Path(log_dir).mkdir(parents=True, exist_ok=True)
-            attempt = 0
-            while self._f is None:
-                path = Path(log_dir) / log_name(rank, attempt)
-                try:
-                    self._f = open(path, "x")  # noqa: SIM115
-                    self.path = path
-                except FileExistsError:  # an earlier attempt's: keep it
-                    attempt += 1
-
-    def write(self, record: Record) -> None:
-        line = record.to_json()
-        if self._f is not None:
-            self._f.write(line + "\n")
-            self._f.flush()
-        if self._echo:
-            sys.stdout.write(f"{RECORD_PREFIX}{line}\n")
-            sys.stdout.flush()
-
-    def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
 
 
 @dataclass

@@ -66,7 +66,7 @@ from torch import nn
 from ddp.flight.diagnosis import PeerFailure
 from ddp.flight.gloo_errors import error_meaning
 from ddp.instrument.env import InstrumentEnv
-from ddp.program.records import RecordLog
+from ddp.record import RecordLog
 from ddp.recovery.etcd.client import ENV_CREDENTIALS, ENV_ENDPOINTS, Credentials
 from ddp.recovery.etcd.decider import JOB_ENV
 from ddp.recovery.etcd.job import check_job_id
