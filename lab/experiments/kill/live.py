@@ -57,6 +57,7 @@ from lab.experiments.kill.restart import KillPlan, KillResult, checkpoint_dir, r
 from lab.experiments.kill.restart import run as run_restart
 from lab.experiments.kill.shared import tidy_line
 from lab.faults import FAULTS, Fault
+from lab.measure.moments import Moment, first_moment
 from lab.progress import Progress
 from lab.report.common import command_line
 from lab.report.publish import publish
@@ -320,15 +321,6 @@ class LivePlan:
 # synthetic records as well as from a real run.
 
 
-@dataclass(frozen=True)
-class Moment:
-    """Something the lab did, on the host's wall clock: ``kind`` "fault" or "replacement"."""
-
-    t: float
-    text: str
-    kind: str
-
-
 @dataclass
 class LiveResult:
     plan: LivePlan
@@ -343,7 +335,7 @@ class LiveResult:
     ended: dict[str, dict[int, float]] = field(default_factory=dict)  # job -> rank -> exit t
 
     def moment(self, kind: str) -> Moment | None:
-        return next((m for m in self.moments if m.kind == kind), None)
+        return first_moment(self.moments, kind)
 
 
 # The run: the job's etcd in three containers, the launcher's decider in one, one rank per

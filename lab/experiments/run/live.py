@@ -54,6 +54,7 @@ from lab.experiments.kill.shared import tidy_line
 from lab.experiments.run.faults import FaultCue
 from lab.experiments.run.run import JOB, NODE_WORKDIR, RunPlan, copy_workdir, image_for
 from lab.faults.kill import Kill
+from lab.measure.moments import Moment, first_moment
 from lab.report.common import command_line
 from lab.report.publish import publish
 from lab.report.results import Results
@@ -85,15 +86,6 @@ FILE = "report.json"
 # synthetic records as well as from a real run.
 
 
-@dataclass(frozen=True)
-class Moment:
-    """Something the lab did, on the host's wall clock: ``kind`` "fault" or "replacement"."""
-
-    t: float
-    text: str
-    kind: str
-
-
 @dataclass
 class LiveRunResult:
     plan: RunPlan
@@ -110,7 +102,7 @@ class LiveRunResult:
     problem: str | None = None  # what the run itself could not do (a cue that never came)
 
     def moment(self, kind: str) -> Moment | None:
-        return next((m for m in self.moments if m.kind == kind), None)
+        return first_moment(self.moments, kind)
 
 
 # The run: etcd on nodes N+1..N+3, the decider on node N, replica R on node R (``RANK=R``), in
