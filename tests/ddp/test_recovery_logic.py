@@ -179,3 +179,24 @@ def test_bad_live_input_is_one_line_and_exit_2(argv, words, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert words in err.strip().splitlines()[-1], err
+
+
+def test_a_finished_member_takes_no_later_notice_for_a_fault():
+    """After ``done`` (qid -1), the last quorum's end ("the run finished") is no fault: no
+    notice is reported, nothing is woken. A later quorum's notice wakes a member only while it
+    trains in a quorum that quorum superseded."""
+    from ddp.recovery.protocol.member import MemberState
+
+    class _Member(MemberState):
+        def check_in(self) -> None:
+            pass
+
+    seen: list[tuple] = []
+    m = _Member(0, 1.0, 5.0, lambda *a: seen.append(a), secret=b"s" * 32)
+    m.qid, m.latest = 1, 2  # quorum 1, superseded by quorum 2
+    m.notice(2, "rank 1", "a peer closed the connection")
+    assert m.abort is not None and seen == [(1, "rank 1", "a peer closed the connection")]
+    m.abort, seen[:] = None, []
+    m.qid, m.finished = -1, True  # what EtcdMember.done leaves
+    m.notice(1, "coordinator", "the run finished")
+    assert m.abort is None and seen == []

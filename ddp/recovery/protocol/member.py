@@ -102,7 +102,9 @@ class MemberState:
         busy for a while (the reference's step on group rank 0), and a member that checks in
         after the decider's window is left out and must heal."""
         with self._lock:
-            if self.abort is not None or not (q == self.qid or self.qid < q <= self.latest):
+            if self.finished or self.abort is not None:
+                return  # a finished member's later notices (the last quorum's end) are no fault
+            if not (q == self.qid or self.qid < q <= self.latest):
                 return
             # A later quorum's end ends this one too when this one was superseded by it (or
             # by one before it): its members would move there at the next step boundary, and
