@@ -85,6 +85,7 @@ from ddp.recovery.records import (
     QuorumRecord,
     Record,
 )
+from ddp.wrapper.buckets import FIRST_BUCKET_CAP_BYTES, plan_buckets
 
 __all__ = ["Manager", "ManagerConfig", "Optimizer", "env_record_log", "process_start_time"]
 
@@ -179,75 +180,129 @@ class _Alarm(threading.Event):
         self._fn()
 
 
-class _StepAllreduce:
-    """The gradients of one step, averaged over the quorum by one allreduce, in parameter order;
-    every bucket's future completes when it does or when the quorum is aborted."""
+def _chunk_plan(model: nn.Module) -> list[list[int]]:
+    """The allreduces of a step, as lists of parameter indices in launch order: the wrapper's
+    bucket caps (torch's ``bucket_bytes_cap``, with the 1 MB first bucket when it is the
+    default) laid over the trainable parameters in reverse registration order by torch's
+    close-at-cap rule. A function of the model alone, so every replica issues the same
+    collectives in the same order whatever its wrapper's own buckets are."""
+    cap = int(getattr(model, "bucket_bytes_cap", 25 << 20))
+    first = FIRST_BUCKET_CAP_BYTES if getattr(model, "bucket_bytes_cap_default", True) else cap
+    params = list(model.parameters())
+    trainable = [i for i, p in enumerate(params) if p.requires_grad]
+    specs = plan_buckets([params[i] for i in trainable], cap, first, close_at_cap=True)
+    return [[trainable[j] for j in spec.indices] for spec in specs]
+
+
+class _StepReduce:
+    """One step's gradients averaged over the quorum, chunk by chunk as backward produces them.
+
+    The chunks are the manager's plan (``_chunk_plan``), not the wrapper's buckets: those may
+    differ between replicas (a replacement has not rebuilt its buckets yet when its peers
+    have), and two members issuing different allreduces would pair them wrongly. A chunk goes
+    out as soon as every one of its parameters' gradients has reached the hook, in plan order;
+    with gradients arriving in reverse registration order, as they do for most models, that is
+    when the wrapper's bucket holding it is ready, so the allreduces overlap the rest of
+    backward as plain DDP's do. The wrapper's futures complete together at the end, when every
+    chunk has (its reducer waits for them all before the optimizer step anyway), or at once
+    when any member posts an abort, so no wait inside the reducer can hang on a lost peer."""
 
     def __init__(self, manager: "Manager") -> None:
         self.manager = manager
         self.buckets: list[tuple[dist.GradBucket, torch.futures.Future]] = []
+        self.grads: dict[int, torch.Tensor] = {}  # parameter index -> its gradient (a view)
+        self.launched = 0  # chunks of the plan issued so far
+        self.outstanding = 0  # issued, not completed
+        self.all_in = False  # the wrapper's last bucket has arrived
         self._lock = threading.Lock()
         self._done = False
         self._waking = contextlib.ExitStack()
+        member = manager.member
+        self._waking.enter_context(member.waking(_Alarm(self._aborted)))
+        if member.abort is not None or manager._error is not None:
+            self._aborted()
 
     def add(self, bucket: dist.GradBucket) -> torch.futures.Future:
         fut: torch.futures.Future = torch.futures.Future()
-        self.buckets.append((bucket, fut))
+        index = self.manager._index
+        with self._lock:
+            if self._done:  # aborted: nothing more goes out, the bucket is returned as it is
+                fut.set_result(bucket.buffer())
+                return fut
+            self.buckets.append((bucket, fut))
+            for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
+                self.grads[index[id(p)]] = g
+            self.all_in = bucket.is_last()
+        self._launch_ready()
         return fut
 
-    def launch(self) -> None:
-        m = self.manager
-        index = m._index
-        grads = sorted(
-            (
-                (index[id(p)], g)
-                for b, _ in self.buckets
-                for p, g in zip(b.parameters(), b.gradients(), strict=True)
-            ),
-            key=lambda pair: pair[0],
-        )
-        self.views = [g for _, g in grads]
-        self.flat = torch.cat([g.reshape(-1) for g in self.views]).mul_(m._weight)
-        member = m.member
-        self._waking.enter_context(member.waking(_Alarm(self._aborted)))
-        if member.abort is not None or m._error is not None:
-            self._aborted()
-            return
+    def _launch_ready(self) -> None:
+        """Issue the next chunks of the plan whose gradients are all here (after the last
+        bucket, every chunk left: a parameter the wrapper never buckets, one it ignores, is
+        left out on every replica alike)."""
+        plan, m = self.manager._plan, self.manager
+        while True:
+            with self._lock:
+                if self._done or self.launched == len(plan):
+                    finished = not self._done and self.all_in and self.outstanding == 0
+                    break
+                chunk = plan[self.launched]
+                if not self.all_in and any(i not in self.grads for i in chunk):
+                    return
+                self.launched += 1
+                views = [self.grads[i] for i in chunk if i in self.grads]
+                if not views:
+                    continue
+                self.outstanding += 1
+            flat = torch.cat([g.reshape(-1) for g in views]).mul_(m._weight)
+            try:
+                work = m.group.allreduce([flat])  # type: ignore[union-attr]
+            except RuntimeError as e:
+                self._finish(e)
+                return
+            work.get_future().add_done_callback(
+                lambda fut, views=views, flat=flat: self._completed(fut, views, flat)
+            )
+        if finished:
+            self._finish(None)
+
+    def _completed(
+        self, fut: torch.futures.Future, views: list[torch.Tensor], flat: torch.Tensor
+    ) -> None:
         try:
-            work = m.group.allreduce([self.flat])
+            fut.value()
         except RuntimeError as e:
             self._finish(e)
             return
-        work.get_future().add_done_callback(self._completed)
+        with self._lock:
+            if self._done:  # aborted meanwhile: the next step may already own these gradients
+                return
+            offset = 0
+            for g in views:
+                n = g.numel()
+                g.copy_(flat[offset : offset + n].view_as(g))
+                offset += n
+            self.outstanding -= 1
+            finished = self.all_in and self.launched == len(self.manager._plan)
+            finished = finished and self.outstanding == 0
+        if finished:
+            self._finish(None)
 
     def _aborted(self) -> None:
         abort = self.manager.member.abort
         why = abort or {"why": "the quorum ended", "by": "self"}
         self._finish(QuorumLost(why["why"], why["by"]))
 
-    def _completed(self, fut: torch.futures.Future) -> None:
-        try:
-            fut.value()
-        except RuntimeError as e:
-            self._finish(e)
-            return
-        self._finish(None)
-
     def _finish(self, error: BaseException | None) -> None:
         with self._lock:
             if self._done:
                 return
             self._done = True
-        if error is None:
-            offset = 0
-            for g in self.views:
-                n = g.numel()
-                g.copy_(self.flat[offset : offset + n].view_as(g))
-                offset += n
-        elif self.manager._error is None:
+            buckets = list(self.buckets)
+        if error is not None and self.manager._error is None:
             self.manager._error = error
         self._waking.close()
-        for b, fut in self.buckets:
+        for b, fut in buckets:
             fut.set_result(b.buffer())
 
 
@@ -298,7 +353,8 @@ class Manager:
         self._error: BaseException | None = None  # this step's gradient allreduce failed
         self._weight = 1.0
         self._index: dict[int, int] = {}  # id(parameter) -> its place in the model
-        self._step_reduce: _StepAllreduce | None = None
+        self._plan: list[list[int]] = []  # the step's allreduces (``_chunk_plan``)
+        self._step_reduce: _StepReduce | None = None
         failpoint("rank.registering")  # the loop's state is built, not registered yet
         cfg = self.config
         self.member: MemberState = EtcdMember(
@@ -335,6 +391,7 @@ class Manager:
         """Average ``model``'s gradients over the current quorum: ``model`` is a wrapper with
         ``register_comm_hook`` (ours, or torch's DDP) built on ``local_group``. Returns it."""
         self._index = {id(p): i for i, p in enumerate(model.parameters())}
+        self._plan = _chunk_plan(model)
         model.register_comm_hook(self, _allreduce_hook)
         return model
 
@@ -434,11 +491,8 @@ class Manager:
 
     def _bucket(self, bucket: dist.GradBucket) -> torch.futures.Future:
         if bucket.index() == 0 or self._step_reduce is None:
-            self._step_reduce = _StepAllreduce(self)
-        fut = self._step_reduce.add(bucket)
-        if bucket.is_last():
-            self._step_reduce.launch()
-        return fut
+            self._step_reduce = _StepReduce(self)
+        return self._step_reduce.add(bucket)
 
     def _gather(self, report: Sequence[float], what: str) -> torch.Tensor:
         mine = torch.tensor([self.member.latest, *report], dtype=torch.float64)

@@ -164,6 +164,10 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.device = next(p for p in module.parameters() if p.requires_grad).device
         self.bucket_cap_mb = 25.0 if bucket_cap_mb is None else bucket_cap_mb
         self._bucket_caps = torch_caps(bucket_cap_mb)
+        # torch's names for the same caps, which a comm hook's owner may read (live
+        # recovery's Manager lays its allreduces out by them)
+        self.bucket_bytes_cap = self._bucket_caps[1]
+        self.bucket_bytes_cap_default = bucket_cap_mb is None
         self._static_at_init = static_graph
         self.find_unused_parameters = find_unused_parameters
         self.forward_sync_buffers, init_sync_buffers = buffer_sync(
