@@ -27,7 +27,7 @@ EXIT_CODES = {
     2: "bad input",
     3: "a peer died, stalled or never joined",
     4: "internal error",
-    5: "the live-recovery coordinator was lost",
+    5: "live recovery lost its control plane (the job's etcd)",
 }
 
 

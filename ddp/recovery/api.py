@@ -21,10 +21,12 @@ What each part does, and why it is shaped so:
   construction sync and bucket rebuild stay in this process) and ``wrap`` registers a comm hook
   that averages the step's gradients over the current quorum's gloo group: the wrapper never
   needs re-pointing, for ours and torch's alike (torchft drives torch's DDP the same way).
-* The hook sends one allreduce per step, at the last bucket, of every gradient in the order of
-  ``model.parameters()``: the bucket plans of two replicas may differ (a replacement has not
-  rebuilt its buckets yet when its peers have), their parameter order never does.
-* The hook never raises and never waits: its future completes when the allreduce does, or at
+* The hook sends the step's gradients in the manager's chunks (``_chunk_plan``: the wrapper's
+  caps over the parameters in reverse order), each as soon as its gradients are in, so the
+  allreduces overlap backward; not in the wrapper's buckets, because the bucket plans of two
+  replicas may differ (a replacement has not rebuilt its buckets yet when its peers have),
+  while the chunk plan is the model's and the same everywhere.
+* The hook never raises and never waits: its futures complete when the allreduces do, or at
   once when any member posts an abort (a dead or stalled peer), so no wait inside torch's C++
   reducer can hang on a lost peer. The step then fails its commit vote.
 * ``should_commit`` (``opt.step()``) is the commit vote: one all-gather; only if every member got

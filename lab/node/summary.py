@@ -23,7 +23,7 @@ MEANING = {
     2: "bad input",
     3: "a peer died, stalled or never joined",
     4: "internal error (traceback in the node's log)",
-    5: "the live-recovery coordinator was lost",
+    5: "live recovery lost its control plane (the job's etcd)",
 }
 
 

@@ -12,7 +12,7 @@
 * The decider role: this process campaigns for it too (``ddp.recovery.etcd.decider``), on the
   same lease, so the job goes on deciding quorums when the launcher's decider is gone.
 * etcd not answering for the heartbeat timeout ends the run, at the next wait, with
-  ``CoordinatorLost`` (exit code 5): no fault would be noticed any more.
+  ``ControlPlaneLost`` (exit code 5): no fault would be noticed any more.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class EtcdMember(MemberState):
 
     def control_lost(self, why: str) -> None:
         """etcd is gone for this member: end the current quorum as an abort does, and stop
-        at the next wait (``CoordinatorLost``)."""
+        at the next wait (``ControlPlaneLost``)."""
         with self._lock:
             if self.lost is not None or self.finished:
                 return
@@ -279,7 +279,7 @@ class EtcdMember(MemberState):
 
     def next_quorum(self) -> Quorum:
         """The newest quorum after ``qid`` (waiting for one); ``PeerFailure`` if none was
-        formed within the timeout or the job was stopped, ``CoordinatorLost`` if etcd is
+        formed within the timeout or the job was stopped, ``ControlPlaneLost`` if etcd is
         gone."""
         q = self.qid + 1
         try:

@@ -15,10 +15,10 @@ import torch.distributed as dist
 from ddp.flight.diagnosis import PeerFailure
 from ddp.recovery.protocol.messages import Quorum, job_secret
 
-__all__ = ["CoordinatorLost", "MemberState"]
+__all__ = ["ControlPlaneLost", "MemberState"]
 
 
-class CoordinatorLost(PeerFailure):
+class ControlPlaneLost(PeerFailure):
     """The control plane stopped answering while this member trained: no fault would be
     noticed any more, so the run stops (exit code ``exit_code``) rather than go on unguarded."""
 
@@ -131,9 +131,9 @@ class MemberState:
                 self.wakers.discard(ev)
 
     def stop_if_lost(self) -> None:
-        """``CoordinatorLost`` once the control plane is gone for good: every wait calls it."""
+        """``ControlPlaneLost`` once the control plane is gone for good: every wait calls it."""
         if self.lost is not None:
-            raise CoordinatorLost(f"diagnosis: {self.lost}; stopping: no fault would be noticed")
+            raise ControlPlaneLost(f"diagnosis: {self.lost}; stopping: no fault would be noticed")
 
     def skip_to(self, q: int) -> None:
         """Quorum ``q`` goes on without this member: wait for the ones after it."""

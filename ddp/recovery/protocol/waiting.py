@@ -58,7 +58,7 @@ def _on_done(work: dist.Work, callback: Callable[[], None], errors: list[Excepti
 
 def wait_work(work: dist.Work, member: MemberState, timeout_s: float, what: str) -> None:
     """Wait for ``work``; raise ``QuorumLost`` on an abort notice, a gloo error or a timeout,
-    ``CoordinatorLost`` once the control plane is gone."""
+    ``ControlPlaneLost`` once the control plane is gone."""
     done, wake = threading.Event(), threading.Event()
     errors: list[Exception] = []
     threaded = False
