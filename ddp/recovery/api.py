@@ -87,7 +87,7 @@ from ddp.recovery.records import (
     QuorumRecord,
     Record,
 )
-from ddp.wrapper.buckets import FIRST_BUCKET_CAP_BYTES, plan_buckets
+from ddp.wrapper.buckets import plan_buckets, torch_caps
 
 __all__ = ["Manager", "ManagerConfig", "Optimizer", "env_record_log", "process_start_time"]
 
@@ -188,8 +188,10 @@ def _chunk_plan(model: nn.Module) -> list[list[int]]:
     default) laid over the trainable parameters in reverse registration order by torch's
     close-at-cap rule. A function of the model alone, so every replica issues the same
     collectives in the same order whatever its wrapper's own buckets are."""
-    cap = int(getattr(model, "bucket_bytes_cap", 25 << 20))
-    first = FIRST_BUCKET_CAP_BYTES if getattr(model, "bucket_bytes_cap_default", True) else cap
+    first, cap = torch_caps(None)  # a wrapper that does not say: torch's defaults
+    cap = int(getattr(model, "bucket_bytes_cap", cap))
+    if not getattr(model, "bucket_bytes_cap_default", True):
+        first = cap
     params = list(model.parameters())
     trainable = [i for i, p in enumerate(params) if p.requires_grad]
     specs = plan_buckets([params[i] for i in trainable], cap, first, close_at_cap=True)
@@ -246,7 +248,7 @@ class _StepReduce:
         while True:
             with self._lock:
                 if self._done or self.launched == len(plan):
-                    finished = not self._done and self.all_in and self.outstanding == 0
+                    finished = not self._done and self._all_back()
                     break
                 chunk = plan[self.launched]
                 if not self.all_in and any(i not in self.grads for i in chunk):
@@ -285,10 +287,13 @@ class _StepReduce:
                 g.copy_(flat[offset : offset + n].view_as(g))
                 offset += n
             self.outstanding -= 1
-            finished = self.all_in and self.launched == len(self.manager._plan)
-            finished = finished and self.outstanding == 0
+            finished = self._all_back()
         if finished:
             self._finish(None)
+
+    def _all_back(self) -> bool:
+        """Every chunk of the plan issued and its result copied in (called under the lock)."""
+        return self.all_in and self.launched == len(self.manager._plan) and self.outstanding == 0
 
     def _aborted(self) -> None:
         abort = self.manager.member.abort

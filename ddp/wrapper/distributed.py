@@ -164,9 +164,6 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.device = next(p for p in module.parameters() if p.requires_grad).device
         self.bucket_cap_mb = 25.0 if bucket_cap_mb is None else bucket_cap_mb
         self._bucket_caps = torch_caps(bucket_cap_mb)
-        # torch's names for the same caps, which a comm hook's owner may read (live
-        # recovery's Manager lays its allreduces out by them)
-        self.bucket_bytes_cap = self._bucket_caps[1]
         self.bucket_bytes_cap_default = bucket_cap_mb is None
         self._static_at_init = static_graph
         self.find_unused_parameters = find_unused_parameters
@@ -189,6 +186,13 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.auto_comm: AutoComm | None = None
         if comm == "auto":  # a collective: every rank learns the layout, builds the groups
             self.auto_comm = AutoComm(self, dist.get_world_size())
+
+    @property
+    def bucket_bytes_cap(self) -> int:
+        """Every bucket's cap but the first, in bytes (torch's attribute; with
+        ``bucket_bytes_cap_default`` it is what a comm hook's owner reads of the layout, as
+        live recovery's Manager does to lay out its allreduces)."""
+        return self._bucket_caps[1]
 
     @property
     def broadcast_buffers(self) -> bool:
