@@ -195,11 +195,16 @@ def _from_dict(data: Any) -> Record | None:
 
 
 def parse_record_line(text: str) -> Record | None:
-    """The record carried by one stdout line (``@ddp {json}``), else None."""
-    if not text.startswith(RECORD_PREFIX):
+    """The record carried by one stdout line (``@ddp {json}``), else None.
+
+    The record may follow the start of another process's line: ranks that share one stdout
+    (torchrun's workers) each write a record in one call, but an unbuffered ``print`` writes
+    its text and its newline in two, and another rank's record can land between them."""
+    start = text.find(RECORD_PREFIX + "{")
+    if start < 0:
         return None
     try:
-        return _from_dict(json.loads(text[len(RECORD_PREFIX) :]))
+        return _from_dict(json.loads(text[start + len(RECORD_PREFIX) :]))
     except ValueError:
         return None  # cut short by a kill: the file log has the rule for that
 

@@ -80,6 +80,9 @@ def test_stdout_lines(tmp_path):
     assert parse_record_line(line) == _records()[2]
     assert parse_record_line(line[:-5]) is None  # cut short
     assert parse_record_line("    2   2.0 ...") is None  # a human line
+    # another rank's unbuffered print, its newline not written yet when this record came
+    assert parse_record_line("rank 0: parameters sha256 8de7ddf8cc5dc536" + line) == _records()[2]
+    assert parse_record_line("mail me @ddp later") is None
 
 
 def test_load_run_by_rank(tmp_path):
