@@ -163,3 +163,21 @@ def test_an_abort_frees_the_wrapper_and_a_late_result_writes_nothing():
     m.group.complete_all()  # the lost peer's allreduce ends after all
     for g, was in zip(buckets[0].gradients(), before, strict=True):
         torch.testing.assert_close(g, was)
+
+
+def test_a_late_result_writes_nothing_even_when_a_bucket_is_a_chunk():
+    """The tempting shortcut, reducing a bucket that is exactly a chunk in place, would hand
+    gloo the wrapper's own buffer: an abandoned allreduce that ends after the abort would then
+    write into the next step's gradients. The chunk is always a copy."""
+    model = _tower(1 << 30)
+    m = _Manager(model)
+    step = _StepReduce(m)
+    (bucket,) = _buckets(model, ONE_BUCKET)
+    assert m._plan == ONE_BUCKET
+    fut = step.add(bucket)
+    assert m.group.pending[0][0].data_ptr() != bucket.buffer().data_ptr()
+    m.member.post("rank 2 is gone")
+    assert fut.done()
+    before = bucket.buffer().clone()
+    m.group.complete_all()
+    torch.testing.assert_close(bucket.buffer(), before)

@@ -362,6 +362,19 @@ class Etcd:
         body = {"key": _b64(_key(prefix)), "range_end": _b64(_prefix_end(_key(prefix)))}
         return self._range(body)
 
+    def last(self, prefix: bytes | str) -> KV | None:
+        """The greatest key under ``prefix`` (None when there is none): one key read, however
+        many the prefix holds."""
+        body = {
+            "key": _b64(_key(prefix)),
+            "range_end": _b64(_prefix_end(_key(prefix))),
+            "limit": "1",
+            "sort_order": "DESCEND",
+            "sort_target": "KEY",
+        }
+        kvs, _ = self._range(body)
+        return kvs[0] if kvs else None
+
     def _range(self, body: dict) -> tuple[list[KV], int]:
         answer = self._call("/v3/kv/range", body, idempotent=True)
         revision = int(answer.get("header", {}).get("revision", 0))

@@ -93,6 +93,7 @@ class Decider:
         self.aborted_at: float | None = None
         self.exit_code: int | None = None
         self.holding = False
+        self.read_at = 0  # the revision of the last read: the watch starts just after it
         self._refused: set[str] = set()
 
     # -- the role --------------------------------------------------------------------------
@@ -146,7 +147,7 @@ class Decider:
             range_op(k.quorum(q + 1)),
             range_op(k.expected()),
         ]
-        ok, responses, _ = self.client.txn([value_equals(k.decider(), self.name)], ops)
+        ok, responses, self.read_at = self.client.txn([value_equals(k.decider(), self.name)], ops)
         if not ok:
             raise _Lost()
         names = ("members", "done", "notice", "ready", "next", "expected")
@@ -262,10 +263,13 @@ class Decider:
         self.exit_code = 0
 
     def interval(self) -> float:
-        """5 ms while a quorum is being formed; else an eighth of the heartbeat timeout (at
-        most 0.25 s): what needs an answer at once wakes the loop through the watch."""
-        busy = self.quorum is None or self.aborted_at is not None
-        return 0.005 if busy else min(0.25, self.heartbeat_timeout_s / 8)
+        """How long the loop waits for its watch: 5 ms while the holder forms a quorum (the
+        check-in window is a matter of time); else the heartbeat timeout, because everything
+        else that needs an answer is a change the watch sees (a lapsed lease deletes its
+        member's key), and on a small host each wake-up's reads are etcd CPU taken from
+        training."""
+        busy = self.holding and (self.quorum is None or self.aborted_at is not None)
+        return 0.005 if busy else self.heartbeat_timeout_s
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -285,7 +289,11 @@ class Decider:
                     if not self.holding:
                         if self._final():
                             return self.exit_code
-                        self.campaign()
+                        # Read before writing: a transaction with a put goes through Raft
+                        # and every member's disk even when its compare fails.
+                        holder, self.read_at = self.client.get_with_revision(self.keys.decider())
+                        if holder is None:
+                            self.campaign()
                     if self.holding:
                         self.tick()
                         if self.exit_code is not None:
@@ -294,11 +302,14 @@ class Decider:
                     if watching != want:
                         if watch is not None:
                             watch.close()
-                        # From now: a change between the tick's read and here is seen by the
-                        # next tick at the latest, one interval later.
-                        watch, watching = self.client.watch(want, prefix=self.holding), want
+                        # From just after the last read (a campaigner's of the role's key, a
+                        # holder's tick): no change in between is missed, so the loop can
+                        # wait long, for the watch to wake it.
+                        start = self.read_at + 1
+                        watch = self.client.watch(want, start_revision=start, prefix=self.holding)
+                        watching = want
                     answered = time.monotonic()
-                    self._drain(watch, self.interval() if self.holding else 0.25)
+                    self._drain(watch, self.interval(), stop)
                 except _Lost:
                     self.holding = False
                     self.say(f"{self.name} lost the decider role")
@@ -318,10 +329,9 @@ class Decider:
 
     def _final(self) -> bool:
         """Whether the job's last quorum (a refused one) is out: nothing is left to decide."""
-        kvs, _ = self.client.range(self.keys.quorums())
-        if not kvs:
+        last = self.client.last(self.keys.quorums())
+        if last is None:
             return False
-        last = kvs[-1]
         try:
             q = int(JobKeys.last_part(last.key))
             quorum = self.sealer.open_quorum(self.keys, q, last.value)
@@ -333,10 +343,14 @@ class Decider:
         return False
 
     @staticmethod
-    def _drain(watch: Watch, timeout: float) -> None:
-        """Wait up to ``timeout`` for a change, then take every change already queued."""
-        if watch.next(timeout) is None:
-            return
+    def _drain(watch: Watch, timeout: float, stop: threading.Event) -> None:
+        """Wait up to ``timeout`` for a change, then take every change already queued; a set
+        ``stop`` ends the wait within a quarter second (waiting on the watch costs etcd
+        nothing: its events are read by the watch's own thread)."""
+        end = time.monotonic() + timeout
+        while watch.next(min(0.25, end - time.monotonic())) is None:
+            if stop.is_set() or time.monotonic() >= end:
+                return
         while watch.next(0) is not None:
             pass
 

@@ -119,7 +119,8 @@ class EtcdMember(MemberState):
         self.sealer = Sealer(self.secret, self.keys.job, self.uid)
 
     def _keep_alive(self) -> None:
-        while not self._stop.wait(max(0.1, self.heartbeat_timeout_s / 5)):
+        # Three renewals per TTL, as etcd's own client does: two can be lost before the lease.
+        while not self._stop.wait(max(0.1, self.heartbeat_timeout_s / 3)):
             lease = self.lease
             try:
                 self.client.lease_keepalive(lease)  # 0: lapsed; rejoin() gives a new one
