@@ -285,11 +285,14 @@ def read_rank_log(path: Path, rank: int | None = None) -> RankLog:
     return log
 
 
-def load_attempts(log_dir: Path) -> dict[int, list[RankLog]]:
-    """Every attempt of every rank in ``log_dir``, by rank, oldest first (empty: no logs)."""
+def load_attempts(log_dir: Path, skip: frozenset[Path] = frozenset()) -> dict[int, list[RankLog]]:
+    """Every attempt of every rank in ``log_dir``, by rank, oldest first (empty: no logs);
+    ``skip``: files to leave out (an earlier run's, in a reused directory)."""
     found: dict[int, list[tuple[int, Path]]] = {}
     for path in Path(log_dir).glob("rank*.jsonl"):
         named = _parse_name(path.name)
+        if path in skip:
+            continue
         if named is not None:
             found.setdefault(named[0], []).append((named[1], path))
     return {

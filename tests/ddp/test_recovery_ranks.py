@@ -130,3 +130,17 @@ def test_a_stalled_rank_is_dropped_by_its_missing_heartbeats(tmp_path):
     faults = [f for f in records[0] if isinstance(f, FaultRecord)]
     assert faults[0].source == "coordinator" and "missed heartbeats for 1 s" in faults[0].why
     assert "rank 3 sent SIGSTOP in step 4" in r.stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_reused_log_dir_judges_this_run_alone(tmp_path):
+    """An earlier run's files stay in a reused ``--log-dir`` (this run's are the next
+    attempts): its end record, with other parameters, must not count. Before, the report read
+    every file there, and said the replicas differed (or counted 8 replicas for 4)."""
+    from ddp.record import RecordLog
+
+    earlier = RecordLog(str(tmp_path / "logs"), 0)
+    earlier.write(EndRecord(0, True, "0" * 64))
+    earlier.close()
+    r = _live(tmp_path, "--steps", "3", "--no-reference")
+    assert "4 replicas bitwise identical at the end" in r.stdout, r.stdout[-2000:]

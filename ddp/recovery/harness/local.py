@@ -77,6 +77,9 @@ class LocalJob:
         self.procs: dict[str, subprocess.Popen] = {}
         self.followers: list[threading.Thread] = []  # one per process, until its stdout ends
         self.rank_cfg = cfg.replace(log_dir=log_dir, emit_records=follow)
+        # A reused --log-dir holds an earlier run's files (this run's go beside them, as the
+        # next attempts): the report judges this run's alone.
+        self.earlier = frozenset(Path(log_dir).glob("rank*.jsonl"))
         # The job's secret, for every process alike: in their environment, which other users
         # cannot read (a command line they can, in ps).
         self.env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -194,7 +197,7 @@ def _report(
     t_coordinator: float | None = None,
 ) -> int:
     # The files are complete and also hold what no fault injection needed to follow.
-    logs = load_attempts(Path(job.log_dir))
+    logs = load_attempts(Path(job.log_dir), skip=job.earlier)
     job.events = [rec for attempts in logs.values() for log in attempts for rec in log.records]
     ends = [r for r in job.events if isinstance(r, EndRecord)]
     verdicts = [r for r in job.events if isinstance(r, RecoveryVerdictRecord)]
