@@ -202,6 +202,11 @@ def delete_op(key: bytes | str, prefix: bool = False) -> dict[str, Any]:
     return {"request_delete_range": request}
 
 
+def _prefix_body(prefix: bytes | str) -> dict[str, str]:
+    """A range request for every key under ``prefix``."""
+    return {"key": _b64(_key(prefix)), "range_end": _b64(_prefix_end(_key(prefix)))}
+
+
 def range_op(key: bytes | str, prefix: bool = False) -> dict[str, Any]:
     request = {"key": _b64(_key(key))}
     if prefix:
@@ -359,19 +364,12 @@ class Etcd:
 
     def range(self, prefix: bytes | str) -> tuple[list[KV], int]:
         """Every key under ``prefix`` and the revision they were read at."""
-        body = {"key": _b64(_key(prefix)), "range_end": _b64(_prefix_end(_key(prefix)))}
-        return self._range(body)
+        return self._range(_prefix_body(prefix))
 
     def last(self, prefix: bytes | str) -> KV | None:
         """The greatest key under ``prefix`` (None when there is none): one key read, however
         many the prefix holds."""
-        body = {
-            "key": _b64(_key(prefix)),
-            "range_end": _b64(_prefix_end(_key(prefix))),
-            "limit": "1",
-            "sort_order": "DESCEND",
-            "sort_target": "KEY",
-        }
+        body = {**_prefix_body(prefix), "limit": "1", "sort_order": "DESCEND", "sort_target": "KEY"}
         kvs, _ = self._range(body)
         return kvs[0] if kvs else None
 
